@@ -1,0 +1,49 @@
+# imaging-ai — the two commands a hospital IT team needs: `make run` and `make test`.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+CONFIG ?= deploy/imaging-ai.dev.toml
+DEB_TEST_PACKAGES := dcmtk dicom3tools postgresql
+
+.PHONY: install run test lint typecheck pytest deps-system clean bench-ingest
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[dev]'
+	touch $(STAMP)
+
+run: install
+	$(BIN)/imaging-ai serve --config $(CONFIG)
+
+# Debian packages the tests use as real peers; installed only when missing (CI runs as root).
+deps-system:
+	@missing=""; for p in $(DEB_TEST_PACKAGES); do \
+	  dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q "install ok installed" || missing="$$missing $$p"; \
+	done; \
+	if [ -n "$$missing" ]; then \
+	  echo "installing Debian packages:$$missing"; \
+	  if [ "$$(id -u)" = 0 ]; then SUDO=""; else SUDO="sudo"; fi; \
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends $$missing; \
+	fi
+
+lint: install
+	$(BIN)/ruff check imaging_ai tests scripts
+	$(BIN)/ruff format --check imaging_ai tests scripts
+
+typecheck: install
+	$(BIN)/mypy
+
+pytest: install deps-system
+	$(BIN)/pytest -q
+
+test: lint typecheck pytest
+
+bench-ingest: install deps-system
+	$(BIN)/imaging-ai bench ingest
+
+clean:
+	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache

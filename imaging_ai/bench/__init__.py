@@ -1,0 +1,1 @@
+"""Benchmarks behind `imaging-ai bench`; each prints a table ending in a headline: line."""

@@ -1,0 +1,201 @@
+"""Takes a CT study and gives images/s into the daemon vs DCMTK storescp, 1 and N associations."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from functools import partial
+from pathlib import Path
+
+CALLED_AE = "IMAGING_AI"
+CALLING_AE = "STORESCU"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Options of `imaging-ai bench ingest`."""
+    parser.add_argument("--study", type=Path, help="folder of DICOM files (default: a phantom)")
+    parser.add_argument("--slices", type=int, default=300, help="phantom slices (default 300)")
+    parser.add_argument("--studies", type=int, default=1, help="studies sent per run")
+    parser.add_argument("--associations", default="1,4", help="comma-separated counts")
+    parser.add_argument("--repeats", type=int, default=3, help="runs per cell; median reported")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the benchmark and print the table; last line starts with headline:."""
+    for tool in ("storescu", "storescp"):
+        if shutil.which(tool) is None:
+            print(f"bench ingest needs DCMTK's {tool} (apt-get install dcmtk)", file=sys.stderr)
+            return 2
+    with tempfile.TemporaryDirectory(prefix="imaging-ai-bench-") as tmp:
+        work = Path(tmp)
+        files = _study_files(args, work)
+        counts = [int(n) for n in str(args.associations).split(",")]
+        rows = []
+        for n in counts:
+            peer = _median(args.repeats, partial(_run_storescp, files, n, work))
+            ours = _median(args.repeats, partial(_run_daemon, files, n, work))
+            rows.append((n, peer, ours))
+            print(
+                f"  {n} association(s): storescp {peer:.0f} img/s, daemon {ours:.0f} img/s",
+                flush=True,
+            )
+    _print_table(len(files), rows)
+    return 0
+
+
+def _study_files(args: argparse.Namespace, work: Path) -> list[Path]:
+    if args.study:
+        files = sorted(p for p in Path(args.study).rglob("*") if p.is_file())
+    else:
+        files = []
+        for i in range(args.studies):
+            out = work / f"phantom{i}"
+            subprocess.run(
+                [
+                    sys.executable,
+                    "-m",
+                    "imaging_ai",
+                    "phantom",
+                    str(out),
+                    "--slices",
+                    str(args.slices),
+                    "--seed",
+                    str(1000 + i),
+                ],
+                check=True,
+                stdout=subprocess.DEVNULL,
+            )
+            files += sorted((out / "dicom").glob("*.dcm"))
+    print(f"sending {len(files)} images per run", flush=True)
+    return files
+
+
+def _median(repeats: int, once: Callable[[], float]) -> float:
+    return statistics.median(once() for _ in range(repeats))
+
+
+def free_port() -> int:
+    """An unused TCP port on loopback."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_port(port: int, proc: subprocess.Popen[bytes], timeout_s: float = 30) -> None:
+    """Wait until something listens on loopback ``port``; fail if ``proc`` exits first."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited with {proc.returncode} before listening")
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.05)
+    raise RuntimeError(f"nothing listened on port {port} within {timeout_s} s")
+
+
+def _env() -> dict[str, str]:
+    # DCMTK only sets TCP_NODELAY when asked; without it each image waits ~40 ms.
+    return {**os.environ, "TCP_NODELAY": "1"}
+
+
+def send(files: list[Path], port: int, associations: int) -> float:
+    """Send ``files`` split over parallel storescu processes; return images/s."""
+    chunks = [files[i::associations] for i in range(associations)]
+    start = time.perf_counter()
+    procs = [
+        subprocess.Popen(
+            [
+                "storescu",
+                "-aet",
+                CALLING_AE,
+                "-aec",
+                CALLED_AE,
+                "127.0.0.1",
+                str(port),
+                *map(str, chunk),
+            ],
+            env=_env(),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+        )
+        for chunk in chunks
+    ]
+    for proc in procs:
+        _, err = proc.communicate(timeout=600)
+        if proc.returncode != 0:
+            raise RuntimeError(f"storescu failed: {err.decode(errors='replace')[-500:]}")
+    return len(files) / (time.perf_counter() - start)
+
+
+@contextmanager
+def _server(cmd: list[str], port: int) -> Iterator[None]:
+    proc = subprocess.Popen(cmd, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        wait_port(port, proc)
+        yield
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def _run_storescp(files: list[Path], associations: int, work: Path) -> float:
+    port = free_port()
+    out = Path(tempfile.mkdtemp(dir=work))
+    # --fork: one process per association, as a PACS-side receiver would run it.
+    cmd = [
+        "storescp",
+        "-aet",
+        CALLED_AE,
+        "-od",
+        str(out),
+        "-dhl",
+        "-pdu",
+        "131072",
+        *(["--fork"] if associations > 1 else []),
+        str(port),
+    ]
+    with _server(cmd, port):
+        rate = send(files, port, associations)
+    shutil.rmtree(out, ignore_errors=True)
+    return rate
+
+
+def _run_daemon(files: list[Path], associations: int, work: Path) -> float:
+    port, http_port = free_port(), free_port()
+    data = Path(tempfile.mkdtemp(dir=work))
+    config = data / "bench.toml"
+    config.write_text(
+        f'[dicom]\nae_title = "{CALLED_AE}"\nport = {port}\n'
+        f'allowed_callers = [{{ ae_title = "{CALLING_AE}", host = "127.0.0.1" }}]\n'
+        f'[storage]\ndata_dir = "{data}"\nmin_free_mb = 64\n'
+        f'[http]\nport = {http_port}\n[logging]\nlevel = "WARNING"\n'
+    )
+    cmd = [sys.executable, "-m", "imaging_ai", "serve", "--config", str(config)]
+    with _server(cmd, port):
+        rate = send(files, port, associations)
+    shutil.rmtree(data, ignore_errors=True)
+    return rate
+
+
+def _print_table(images: int, rows: list[tuple[int, float, float]]) -> None:
+    print()
+    print(f"ingest, {images} images per run, loopback, TCP_NODELAY=1, median of runs")
+    print(f"{'associations':>12} {'storescp img/s':>15} {'imaging-ai img/s':>17} {'ratio':>6}")
+    for n, peer, ours in rows:
+        print(f"{n:>12} {peer:>15.0f} {ours:>17.0f} {ours / peer:>6.2f}")
+    summary = ", ".join(f"{ours / peer:.2f}x storescp with {n}" for n, peer, ours in rows)
+    print(f"headline: imaging-ai ingest at {summary}")

@@ -1,0 +1,260 @@
+"""Takes spooled instances and records them as study, series and instance rows; reconciles."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any, TypeVar
+
+import pydicom
+from sqlalchemy import Engine, bindparam, select, update
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from imaging_ai.db.models import Instance, Series, Study
+from imaging_ai.errors import InvalidDataset
+from imaging_ai.spool import Spool
+
+log = logging.getLogger(__name__)
+
+RECEIVING = "receiving"
+_ID_CACHE_SIZE = 10_000
+_Row = TypeVar("_Row", Study, Series)
+
+
+@dataclass(frozen=True)
+class InstanceMeta:
+    """What the catalog keeps of one received instance (header attributes only)."""
+
+    study_uid: str
+    series_uid: str
+    sop_uid: str
+    sop_class_uid: str
+    transfer_syntax_uid: str
+    modality: str = ""
+    series_number: int | None = None
+    accession_number: str = ""
+    patient_name: str = ""
+    patient_id: str = ""
+    study_date: str = ""
+    calling_ae: str = ""
+    routing: dict[str, Any] = field(default_factory=dict, compare=False)
+
+
+def meta_from_dataset(
+    ds: pydicom.Dataset, transfer_syntax_uid: str, calling_ae: str, routing_tags: tuple[str, ...]
+) -> InstanceMeta:
+    """Read the attributes the catalog needs; never touches Pixel Data.
+
+    Raises
+    ------
+    InvalidDataset
+        When a UID the spool is keyed by is missing.
+    """
+    try:
+        study_uid = str(ds.StudyInstanceUID)
+        series_uid = str(ds.SeriesInstanceUID)
+        sop_uid = str(ds.SOPInstanceUID)
+        sop_class = str(ds.SOPClassUID)
+    except AttributeError as exc:
+        raise InvalidDataset(f"dataset lacks a required UID: {exc}") from exc
+    series_number = ds.get("SeriesNumber")
+    return InstanceMeta(
+        study_uid=study_uid,
+        series_uid=series_uid,
+        sop_uid=sop_uid,
+        sop_class_uid=sop_class,
+        transfer_syntax_uid=transfer_syntax_uid,
+        modality=str(ds.get("Modality", "")),
+        series_number=int(series_number) if series_number not in (None, "") else None,
+        accession_number=str(ds.get("AccessionNumber", "")),
+        patient_name=str(ds.get("PatientName", "")),
+        patient_id=str(ds.get("PatientID", "")),
+        study_date=str(ds.get("StudyDate", "")),
+        calling_ae=calling_ae,
+        routing=routing_values(ds, routing_tags),
+    )
+
+
+def routing_values(ds: pydicom.Dataset, tags: tuple[str, ...]) -> dict[str, str]:
+    """Values of the tags that priority rules read, top level or in Request Attributes."""
+    values: dict[str, str] = {}
+    requests = ds.get("RequestAttributesSequence") or []
+    for tag in tags:
+        value = ds.get(tag)
+        if value in (None, ""):
+            value = next((item.get(tag) for item in requests if item.get(tag)), None)
+        if value not in (None, ""):
+            values[tag] = str(value).strip()
+    return values
+
+
+class Catalog:
+    """Database rows for received instances; one short transaction per instance.
+
+    The hot path is plain Core statements: an instance costs one UPDATE of its study
+    (which also tells whether it is late), one of its series and one upsert.
+    """
+
+    def __init__(self, engine: Engine, spool: Spool) -> None:
+        self.engine = engine
+        self.spool = spool
+        self._ids: dict[str, tuple[int, int]] = {}
+        self._ids_lock = threading.Lock()
+        self._sql = _Statements(engine.dialect.name)
+
+    def record(self, meta: InstanceMeta, relative: str, size_bytes: int, at: datetime) -> bool:
+        """Record an instance that is already durable in the spool; return True if it is late.
+
+        A late instance belongs to a study already past receiving: it is kept and flagged.
+        """
+        study_id, series_id = self._ensure_rows(meta, at)
+        with self.engine.begin() as conn:
+            late = conn.execute(self._sql.touch_study, {"sid": study_id, "at": at}).rowcount == 0
+            if late:
+                conn.execute(self._sql.count_late, {"sid": study_id})
+            else:
+                conn.execute(self._sql.touch_series, {"rid": series_id, "at": at})
+            conn.execute(
+                self._sql.upsert_instance,
+                {
+                    "series_id": series_id,
+                    "sop_instance_uid": meta.sop_uid,
+                    "sop_class_uid": meta.sop_class_uid,
+                    "transfer_syntax_uid": meta.transfer_syntax_uid,
+                    "path": relative,
+                    "size_bytes": size_bytes,
+                    "received_at": at,
+                    "late": late,
+                    "missing": False,
+                },
+            )
+        return late
+
+    def _ensure_rows(self, meta: InstanceMeta, at: datetime) -> tuple[int, int]:
+        with self._ids_lock:
+            cached = self._ids.get(meta.series_uid)
+        if cached is not None:
+            return cached
+        with Session(self.engine) as s, s.begin():
+            study = self._study(s, meta, at)
+            series = self._series(s, study, meta, at)
+            ids = (study.id, series.id)
+        with self._ids_lock:
+            if len(self._ids) > _ID_CACHE_SIZE:
+                self._ids.clear()
+            self._ids[meta.series_uid] = ids
+        return ids
+
+    def _study(self, s: Session, meta: InstanceMeta, at: datetime) -> Study:
+        query = select(Study).where(Study.study_instance_uid == meta.study_uid)
+        study = s.scalars(query).first()
+        if study is not None:
+            return study
+        study = Study(
+            study_instance_uid=meta.study_uid,
+            accession_number=meta.accession_number,
+            patient_name=meta.patient_name,
+            patient_id=meta.patient_id,
+            study_date=meta.study_date,
+            calling_ae=meta.calling_ae,
+            routing=meta.routing,
+            state=RECEIVING,
+            received_at=at,
+            last_instance_at=at,
+        )
+        return _insert_or_get(s, study, query)
+
+    def _series(self, s: Session, study: Study, meta: InstanceMeta, at: datetime) -> Series:
+        query = select(Series).where(Series.series_instance_uid == meta.series_uid)
+        series = s.scalars(query).first()
+        if series is not None:
+            return series
+        series = Series(
+            study_id=study.id,
+            series_instance_uid=meta.series_uid,
+            modality=meta.modality,
+            series_number=meta.series_number,
+            last_instance_at=at,
+        )
+        return _insert_or_get(s, series, query)
+
+    def reconcile(self, routing_tags: tuple[str, ...]) -> tuple[int, int]:
+        """Register spool files without a row and mark rows without a file missing.
+
+        Returns
+        -------
+        tuple[int, int]
+            (files registered, rows marked missing)
+        """
+        with self.engine.connect() as conn:
+            known = {p: m for p, m in conn.execute(select(Instance.path, Instance.missing))}
+        on_disk = set(self.spool.walk())
+        registered = sum(self._register(p, routing_tags) for p in sorted(on_disk - set(known)))
+        gone = [p for p, missing in known.items() if not missing and p not in on_disk]
+        if gone:
+            with self.engine.begin() as conn:
+                conn.execute(update(Instance).where(Instance.path.in_(gone)).values(missing=True))
+            log.error("%d instance file(s) recorded in the database are missing", len(gone))
+        return registered, len(gone)
+
+    def _register(self, relative: str, routing_tags: tuple[str, ...]) -> bool:
+        path = self.spool.root / relative
+        try:
+            ds = pydicom.dcmread(path, stop_before_pixels=True)
+            meta = meta_from_dataset(ds, str(ds.file_meta.TransferSyntaxUID), "", routing_tags)
+        except (InvalidDataset, pydicom.errors.InvalidDicomError, OSError, AttributeError) as exc:
+            log.error("spool file %s cannot be registered: %s", relative, exc)
+            return False
+        at = datetime.fromtimestamp(path.stat().st_mtime, UTC)
+        self.record(meta, relative, path.stat().st_size, at)
+        return True
+
+
+class _Statements:
+    """The hot path's statements, built once: building them costs more than running them."""
+
+    def __init__(self, dialect: str) -> None:
+        self.touch_study = (
+            update(Study)
+            .where(Study.id == bindparam("sid"), Study.state == RECEIVING)
+            .values(last_instance_at=bindparam("at"))
+        )
+        self.count_late = (
+            update(Study)
+            .where(Study.id == bindparam("sid"))
+            .values(late_instances=Study.late_instances + 1)
+        )
+        self.touch_series = (
+            update(Series)
+            .where(Series.id == bindparam("rid"))
+            .values(last_instance_at=bindparam("at"), completed_at=None)
+        )
+        insert = pg_insert if dialect == "postgresql" else sqlite_insert
+        stmt = insert(Instance)
+        replaced = [c.name for c in Instance.__table__.columns if c.name not in _NOT_REPLACED]
+        # The same SOP Instance UID sent again replaces the earlier copy.
+        self.upsert_instance = stmt.on_conflict_do_update(
+            index_elements=[Instance.sop_instance_uid],
+            set_={name: stmt.excluded[name] for name in replaced},
+        )
+
+
+_NOT_REPLACED = {"id", "sop_instance_uid"}
+
+
+def _insert_or_get(s: Session, row: _Row, query: Any) -> _Row:
+    """Insert a row; if another writer inserted the same key first, return theirs."""
+    try:
+        with s.begin_nested():
+            s.add(row)
+    except IntegrityError:
+        existing: _Row | None = s.scalars(query).first()
+        if existing is None:
+            raise
+        return existing
+    return row

@@ -1,0 +1,1 @@
+"""Persistence: the typed models, the engine and the migrations."""

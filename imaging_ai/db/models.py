@@ -1,0 +1,146 @@
+"""SQLAlchemy 2.0 typed models: studies, series, instances, jobs and audit events."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Boolean,
+    DateTime,
+    Dialect,
+    ForeignKey,
+    Index,
+    Integer,
+    String,
+    Text,
+    TypeDecorator,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
+
+UID = String(64)
+
+
+class UTCDateTime(TypeDecorator[datetime]):
+    """Timezone-aware UTC datetimes on every backend (SQLite stores them naive)."""
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            raise ValueError("naive datetime given to a UTC column")
+        value = value.astimezone(UTC)
+        return value.replace(tzinfo=None) if dialect.name == "sqlite" else value
+
+    def process_result_value(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+class Base(DeclarativeBase):
+    """Declarative base of every table."""
+
+
+class Study(Base):
+    """A DICOM study as received; its state follows the pipeline."""
+
+    __tablename__ = "studies"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    study_instance_uid: Mapped[str] = mapped_column(UID, unique=True)
+    accession_number: Mapped[str] = mapped_column(String(64), default="", index=True)
+    patient_name: Mapped[str] = mapped_column(String(200), default="")
+    patient_id: Mapped[str] = mapped_column(String(64), default="")
+    study_date: Mapped[str] = mapped_column(String(8), default="")
+    calling_ae: Mapped[str] = mapped_column(String(16), default="")
+    routing: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    state: Mapped[str] = mapped_column(String(16), default="receiving", index=True)
+    priority: Mapped[str] = mapped_column(String(16), default="")
+    priority_reason: Mapped[str] = mapped_column(String(200), default="")
+    error: Mapped[str] = mapped_column(Text, default="")
+    received_at: Mapped[datetime] = mapped_column(UTCDateTime())
+    last_instance_at: Mapped[datetime] = mapped_column(UTCDateTime())
+    completed_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+    completion_reason: Mapped[str] = mapped_column(String(32), default="")
+    deadline: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+    late_instances: Mapped[int] = mapped_column(Integer, default=0)
+
+    series: Mapped[list[Series]] = relationship(back_populates="study")
+
+
+class Series(Base):
+    """A series of a study; complete after its idle time."""
+
+    __tablename__ = "series"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    study_id: Mapped[int] = mapped_column(ForeignKey("studies.id"), index=True)
+    series_instance_uid: Mapped[str] = mapped_column(UID, unique=True)
+    modality: Mapped[str] = mapped_column(String(16), default="")
+    series_number: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    last_instance_at: Mapped[datetime] = mapped_column(UTCDateTime())
+    completed_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+
+    study: Mapped[Study] = relationship(back_populates="series")
+    instances: Mapped[list[Instance]] = relationship(back_populates="series")
+
+
+class Instance(Base):
+    """One stored SOP instance: a file in the spool."""
+
+    __tablename__ = "instances"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    series_id: Mapped[int] = mapped_column(ForeignKey("series.id"), index=True)
+    sop_instance_uid: Mapped[str] = mapped_column(UID, unique=True)
+    sop_class_uid: Mapped[str] = mapped_column(UID)
+    transfer_syntax_uid: Mapped[str] = mapped_column(UID)
+    path: Mapped[str] = mapped_column(String(400))
+    size_bytes: Mapped[int] = mapped_column(BigInteger)
+    received_at: Mapped[datetime] = mapped_column(UTCDateTime())
+    late: Mapped[bool] = mapped_column(Boolean, default=False)
+    missing: Mapped[bool] = mapped_column(Boolean, default=False)
+
+    series: Mapped[Series] = relationship(back_populates="instances")
+
+
+class Job(Base):
+    """Work on one completed study; the queue row that nodes claim."""
+
+    __tablename__ = "jobs"
+    __table_args__ = (Index("ix_jobs_queue", "state", "rank", "deadline"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    study_id: Mapped[int] = mapped_column(ForeignKey("studies.id"), index=True)
+    state: Mapped[str] = mapped_column(String(16), default="queued")
+    priority: Mapped[str] = mapped_column(String(16))
+    rank: Mapped[int] = mapped_column(Integer)
+    deadline: Mapped[datetime] = mapped_column(UTCDateTime())
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime())
+    started_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+    finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+    node: Mapped[str] = mapped_column(String(100), default="")
+    lease_until: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    error: Mapped[str] = mapped_column(Text, default="")
+    timings: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+
+
+class AuditEvent(Base):
+    """Who did what, when, from where: sign-ins, report reads, admin actions."""
+
+    __tablename__ = "audit_events"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    at: Mapped[datetime] = mapped_column(UTCDateTime(), index=True)
+    actor: Mapped[str] = mapped_column(String(100))
+    action: Mapped[str] = mapped_column(String(64))
+    target: Mapped[str] = mapped_column(String(200), default="")
+    detail: Mapped[str] = mapped_column(Text, default="")
+    source: Mapped[str] = mapped_column(String(100), default="")

@@ -1,0 +1,172 @@
+"""Takes a Config and gives the running daemon: wires receive, spool, assemble and web together."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import socket
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from types import FrameType
+
+import uvicorn
+
+from imaging_ai import __version__
+from imaging_ai.assemble import Assembler, routing_tags
+from imaging_ai.catalog import Catalog
+from imaging_ai.config import Config
+from imaging_ai.db.session import make_engine, session_factory, upgrade, utcnow
+from imaging_ai.errors import OutOfResources, StartupError
+from imaging_ai.receive import Receiver
+from imaging_ai.spool import Spool
+from imaging_ai.web.app import WebContext, create_app, database_ready
+from imaging_ai.web.auth import TokenStore
+
+log = logging.getLogger(__name__)
+
+
+class _Server(uvicorn.Server):
+    """uvicorn without its own signal handling: the daemon owns the shutdown order."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
+class Daemon:
+    """The imaging-ai daemon on one node.
+
+    Shutdown order: stop accepting associations, stop assembly, stop HTTP, close
+    the database. Everything answered Success is already durable, so a hard stop
+    loses nothing; a second SIGTERM forces an immediate exit.
+    """
+
+    def __init__(self, config: Config) -> None:
+        self.config = config
+        self.started_at = utcnow()
+        self.engine = make_engine(config.storage.resolved_database_url)
+        self.sessions = session_factory(self.engine)
+        self.spool = Spool(config.storage.spool_dir, config.storage.min_free_mb)
+        self.catalog = Catalog(self.engine, self.spool)
+        tags = routing_tags(config.priority.rules)
+        self.routing_tags = tags
+        self.receiver = Receiver(config.dicom, self.spool, self.catalog, tags)
+        self.assembler = Assembler(self.sessions, config.assemble, config.priority, self.started_at)
+        self.http: _Server | None = None
+        self._stopping = threading.Event()
+
+    def start(self) -> None:
+        """Check everything that can fail, then open the ports.
+
+        Raises
+        ------
+        StartupError
+            With a hint of what to fix, before any port is opened.
+        """
+        data_dir = Path(self.config.storage.data_dir)
+        try:
+            data_dir.mkdir(parents=True, exist_ok=True)
+            self.spool.prepare()
+        except OSError as exc:
+            raise StartupError(
+                f"cannot create storage.data_dir {data_dir}: {exc.strerror}"
+            ) from exc
+        upgrade(self.engine)
+        _check_port_free("http", self.config.http.bind, self.config.http.port)
+        registered, missing = self.catalog.reconcile(self.routing_tags)
+        if registered or missing:
+            log.warning(
+                "spool reconciled: %d file(s) registered, %d row(s) missing", registered, missing
+            )
+        self.receiver.start()
+        self.assembler.start()
+
+    def readiness(self) -> dict[str, str]:
+        """Checks behind /readyz."""
+        try:
+            self.spool.ensure_space()
+            disk = "ok"
+        except OutOfResources as exc:
+            disk = str(exc)
+        return {"database": database_ready(self.sessions), "disk": disk}
+
+    def serve_forever(self) -> None:
+        """Serve HTTP in this thread until a shutdown is requested."""
+        ctx = WebContext(self.sessions, TokenStore(self.config.http.tokens), self.readiness)
+        uv_config = uvicorn.Config(
+            create_app(ctx),
+            host=self.config.http.bind,
+            port=self.config.http.port,
+            log_level="warning",
+            access_log=False,
+            lifespan="off",
+        )
+        self.http = _Server(uv_config)
+        log.info(
+            "imaging-ai %s ready: HTTP on %s:%d",
+            __version__,
+            self.config.http.bind,
+            self.config.http.port,
+        )
+        self.http.run()
+        if not self.http.started and not self._stopping.is_set():
+            raise StartupError(
+                f"cannot serve HTTP on {self.config.http.bind}:{self.config.http.port}"
+            )
+
+    def request_shutdown(self) -> None:
+        """Begin the documented shutdown; returns at once."""
+        if self._stopping.is_set():
+            return
+        self._stopping.set()
+        log.info("shutting down: no new associations")
+        self.receiver.stop()
+        if self.http is not None:
+            self.http.should_exit = True
+
+    def close(self) -> None:
+        """Finish the shutdown after serving has stopped."""
+        self.receiver.stop()
+        self.assembler.stop()
+        self.engine.dispose()
+        log.info("imaging-ai stopped")
+
+    def install_signal_handlers(self) -> None:
+        """SIGTERM/SIGINT: graceful shutdown; a second one exits at once."""
+
+        def handler(signum: int, frame: FrameType | None) -> None:
+            if self._stopping.is_set():
+                log.warning("second signal %d: exiting now", signum)
+                os._exit(1)
+            threading.Thread(target=self.request_shutdown, name="shutdown").start()
+
+        signal.signal(signal.SIGTERM, handler)
+        signal.signal(signal.SIGINT, handler)
+
+
+def _check_port_free(what: str, host: str, port: int) -> None:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError as exc:
+            raise StartupError(
+                f"cannot listen for {what} on {host}:{port}: {exc.strerror}; "
+                f"change {what}.port or stop the other program"
+            ) from exc
+
+
+def run_daemon(config: Config) -> None:
+    """Start the daemon, serve until signalled, shut down in order."""
+    daemon = Daemon(config)
+    daemon.start()
+    daemon.install_signal_handlers()
+    try:
+        daemon.serve_forever()
+    finally:
+        daemon.request_shutdown()
+        daemon.close()

@@ -1,0 +1,178 @@
+"""Takes encoded instances and keeps them on disk atomically, keyed by SOP Instance UID."""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import re
+import shutil
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from imaging_ai.errors import InvalidDataset, OutOfResources, StorageError
+
+log = logging.getLogger(__name__)
+
+_UID_RE = re.compile(r"^[0-9]+(\.[0-9]+)*$")
+_FREE_CHECK_INTERVAL_S = 0.5
+
+
+def check_uid(uid: str, what: str) -> str:
+    """Return ``uid`` if it is a valid DICOM UID (digits and dots, at most 64 characters).
+
+    Raises
+    ------
+    InvalidDataset
+        Naming which UID is malformed; this also keeps path traversal out of the spool.
+    """
+    if not uid or len(uid) > 64 or not _UID_RE.match(uid):
+        raise InvalidDataset(f"{what} {uid!r} is not a valid DICOM UID")
+    return uid
+
+
+@dataclass(frozen=True)
+class SpooledFile:
+    """Where an instance now lives and how big it is."""
+
+    path: Path
+    relative: str
+    size_bytes: int
+
+
+class Spool:
+    """Instance files under ``root/<study>/<series>/<sop>.dcm``, written tmp + fsync + rename."""
+
+    def __init__(self, root: Path, min_free_mb: int) -> None:
+        self.root = root
+        self.tmp_dir = root / "tmp"
+        self.min_free_bytes = min_free_mb * 1024 * 1024
+        self._free_lock = threading.Lock()
+        self._free_checked_at = 0.0
+        self._free_bytes = 0
+        # Directories known to exist; a set of paths is enough since nothing removes them.
+        self._dirs: set[Path] = set()
+
+    def prepare(self) -> None:
+        """Create the spool and drop temporary files of writes that never finished.
+
+        A temporary file was never answered Success, so the sender still owns it.
+        """
+        self.tmp_dir.mkdir(parents=True, exist_ok=True)
+        for leftover in self.tmp_dir.iterdir():
+            leftover.unlink(missing_ok=True)
+
+    def free_bytes(self) -> int:
+        """Free bytes on the spool's filesystem, re-read at most twice a second."""
+        now = time.monotonic()
+        with self._free_lock:
+            if now - self._free_checked_at > _FREE_CHECK_INTERVAL_S:
+                self._free_bytes = shutil.disk_usage(self.root).free
+                self._free_checked_at = now
+            return self._free_bytes
+
+    def ensure_space(self) -> None:
+        """Raise OutOfResources when free space is below the low-water mark."""
+        free = self.free_bytes()
+        if free < self.min_free_bytes:
+            raise OutOfResources(
+                f"spool {self.root} has {free // 2**20} MB free, below storage.min_free_mb "
+                f"({self.min_free_bytes // 2**20} MB)"
+            )
+
+    def relative_path(self, study_uid: str, series_uid: str, sop_uid: str) -> str:
+        """The spool-relative path of an instance."""
+        return "/".join(
+            (
+                check_uid(study_uid, "Study Instance UID"),
+                check_uid(series_uid, "Series Instance UID"),
+                check_uid(sop_uid, "SOP Instance UID") + ".dcm",
+            )
+        )
+
+    def store(self, data: bytes, study_uid: str, series_uid: str, sop_uid: str) -> SpooledFile:
+        """Write an instance durably; a second copy of the same SOP Instance UID replaces it.
+
+        Raises
+        ------
+        OutOfResources
+            Below the low-water mark, or when the disk fills during the write.
+        StorageError
+            Any other I/O failure; the previous copy, if any, is untouched.
+        """
+        self.ensure_space()
+        tmp = self.tmp_dir / f"{check_uid(sop_uid, 'SOP Instance UID')}.{threading.get_ident()}.tmp"
+        try:
+            _write(tmp, data)
+        except OSError as exc:
+            tmp.unlink(missing_ok=True)
+            raise _storage_error(exc, tmp.name) from exc
+        return self.adopt(tmp, study_uid, series_uid, sop_uid)
+
+    def adopt(self, src: Path, study_uid: str, series_uid: str, sop_uid: str) -> SpooledFile:
+        """Move a complete Part-10 file into the spool durably (fsync, rename, fsync dir).
+
+        ``src`` should be on the spool's filesystem (``tmp_dir``) so the rename is atomic;
+        elsewhere it is copied first.
+        """
+        relative = self.relative_path(study_uid, series_uid, sop_uid)
+        final = self.root / relative
+        try:
+            if src.parent != self.tmp_dir:
+                src = Path(
+                    shutil.copy(src, self.tmp_dir / f"{sop_uid}.{threading.get_ident()}.tmp")
+                )
+            _fsync_file(src)
+            size = src.stat().st_size
+            if final.parent not in self._dirs:
+                final.parent.mkdir(parents=True, exist_ok=True)
+                self._dirs.add(final.parent)
+            os.replace(src, final)
+            _fsync_dir(final.parent)
+        except OSError as exc:
+            if src.parent == self.tmp_dir:
+                src.unlink(missing_ok=True)
+            raise _storage_error(exc, relative) from exc
+        return SpooledFile(path=final, relative=relative, size_bytes=size)
+
+    def exists(self, relative: str) -> bool:
+        """Whether an instance file is present."""
+        return (self.root / relative).is_file()
+
+    def walk(self) -> Iterator[str]:
+        """Yield the relative path of every instance file in the spool."""
+        for study_dir in self.root.iterdir():
+            if study_dir == self.tmp_dir or not study_dir.is_dir():
+                continue
+            for path in study_dir.glob("*/*.dcm"):
+                yield path.relative_to(self.root).as_posix()
+
+
+def _write(path: Path, data: bytes) -> None:
+    with open(path, "wb") as f:
+        f.write(data)
+
+
+def _fsync_file(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _storage_error(exc: OSError, relative: str) -> StorageError:
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return OutOfResources(f"disk full while writing {relative}")
+    return StorageError(f"cannot write {relative}: {exc.strerror}")

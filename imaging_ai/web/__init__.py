@@ -1,0 +1,1 @@
+"""HTTP: the RIS API, the admin pages, metrics and health."""

@@ -1,0 +1,146 @@
+"""Takes HTTP requests and gives JSON views of studies, health and readiness (Starlette)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import func, select, text
+from sqlalchemy.orm import Session, sessionmaker
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from imaging_ai.db.models import Instance, Series, Study
+from imaging_ai.web.auth import Principal, TokenStore
+
+log = logging.getLogger(__name__)
+
+MAX_PAGE = 500
+
+
+@dataclass(frozen=True)
+class WebContext:
+    """What the web app needs from the daemon, passed in explicitly."""
+
+    sessions: sessionmaker[Session]
+    tokens: TokenStore
+    readiness: Callable[[], dict[str, str]]
+
+
+def create_app(ctx: WebContext) -> Starlette:
+    """Build the ASGI application."""
+
+    def require(request: Request, *roles: str) -> Principal:
+        principal = ctx.tokens.from_request(request)
+        if principal is None:
+            raise HTTPException(401, "a valid Authorization: Bearer token is required")
+        if principal.role not in roles:
+            raise HTTPException(403, f"role {principal.role!r} may not do this")
+        return principal
+
+    async def list_studies(request: Request) -> Response:
+        require(request, "ris", "admin")
+        limit = _int_param(request, "limit", 100, 1, MAX_PAGE)
+        with ctx.sessions() as s:
+            query = select(Study).order_by(Study.received_at.desc()).limit(limit)
+            if accession := request.query_params.get("accession"):
+                query = query.where(Study.accession_number == accession)
+            if state := request.query_params.get("state"):
+                query = query.where(Study.state == state)
+            studies = s.scalars(query).all()
+            rows = [study_json(s, study) for study in studies]
+        return JSONResponse({"studies": rows})
+
+    async def get_study(request: Request) -> Response:
+        require(request, "ris", "admin")
+        uid = request.path_params["study_uid"]
+        with ctx.sessions() as s:
+            study = s.scalars(select(Study).where(Study.study_instance_uid == uid)).first()
+            if study is None:
+                raise HTTPException(404, f"no study with Study Instance UID {uid}")
+            return JSONResponse(study_json(s, study))
+
+    async def healthz(request: Request) -> Response:
+        return JSONResponse({"status": "alive"})
+
+    async def readyz(request: Request) -> Response:
+        checks = ctx.readiness()
+        ready = all(v == "ok" for v in checks.values())
+        return JSONResponse({"ready": ready, "checks": checks}, status_code=200 if ready else 503)
+
+    routes = [
+        Route("/api/v1/studies", list_studies),
+        Route("/api/v1/studies/{study_uid}", get_study),
+        Route("/healthz", healthz),
+        Route("/readyz", readyz),
+    ]
+    app = Starlette(routes=routes, exception_handlers={HTTPException: _http_error})
+    return app
+
+
+async def _http_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, HTTPException)
+    headers = {"WWW-Authenticate": "Bearer"} if exc.status_code == 401 else None
+    return JSONResponse({"error": exc.detail}, status_code=exc.status_code, headers=headers)
+
+
+def _int_param(request: Request, name: str, default: int, low: int, high: int) -> int:
+    raw = request.query_params.get(name)
+    if raw is None:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise HTTPException(400, f"query parameter {name} must be an integer") from None
+    if not low <= value <= high:
+        raise HTTPException(400, f"query parameter {name} must be between {low} and {high}")
+    return value
+
+
+def iso(value: datetime | None) -> str | None:
+    """ISO 8601 UTC with a Z, or None."""
+    if value is None:
+        return None
+    return value.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def study_json(s: Session, study: Study) -> dict[str, Any]:
+    """The public JSON view of a study (no patient identifiers)."""
+    counts = s.execute(
+        select(func.count(Instance.id), func.count(func.distinct(Series.id)))
+        .select_from(Series)
+        .join(Instance, Instance.series_id == Series.id, isouter=True)
+        .where(Series.study_id == study.id)
+    ).one()
+    return {
+        "study_uid": study.study_instance_uid,
+        "accession": study.accession_number,
+        "state": study.state,
+        "priority": study.priority or None,
+        "priority_reason": study.priority_reason or None,
+        "deadline": iso(study.deadline),
+        "instance_count": counts[0],
+        "series_count": counts[1],
+        "late_instances": study.late_instances,
+        "received_at": iso(study.received_at),
+        "last_instance_at": iso(study.last_instance_at),
+        "completed_at": iso(study.completed_at),
+        "completion_reason": study.completion_reason or None,
+        "error": study.error or None,
+    }
+
+
+def database_ready(sessions: sessionmaker[Session]) -> str:
+    """'ok' when the database answers, else the reason."""
+    try:
+        with sessions() as s:
+            s.execute(text("SELECT 1"))
+        return "ok"
+    except Exception as exc:
+        return f"database unreachable: {exc.__class__.__name__}"

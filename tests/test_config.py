@@ -1,0 +1,96 @@
+"""Configuration: TOML, environment overrides, validation messages, masked secrets."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from imaging_ai.config import AllowedCaller, load_config
+from imaging_ai.errors import ConfigError
+
+EXAMPLE = Path(__file__).parent.parent / "deploy" / "imaging-ai.example.toml"
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "c.toml"
+    path.write_text(text)
+    return path
+
+
+def test_defaults_listen_on_loopback() -> None:
+    config = load_config(None, environ={})
+    assert config.dicom.bind == "127.0.0.1"
+    assert config.http.bind == "127.0.0.1"
+    assert config.dicom.allowed_callers == ()
+    assert config.priority.sla_s("urgent") == 60
+    assert config.priority.sla_s("inpatient") == 300
+    assert config.priority.sla_s("outpatient") == 1800
+
+
+def test_example_documents_every_key_and_loads() -> None:
+    config = load_config(EXAMPLE, environ={})
+    text = EXAMPLE.read_text()
+    for section in ("dicom", "assemble", "priority", "storage", "http", "logging"):
+        for name in type(getattr(config, section)).__dataclass_fields__:
+            assert f"{name} =" in text or f"{name}=" in text, f"{section}.{name} undocumented"
+
+
+def test_toml_and_env_override(tmp_path: Path) -> None:
+    path = write(
+        tmp_path,
+        '[dicom]\nport = 104\nallowed_callers = [{ae_title = "PACS", host = "10.0.0.5"}]\n',
+    )
+    env = {"IMAGING_AI_DICOM__PORT": "4242", "IMAGING_AI_STORAGE__DATA_DIR": "/srv/x"}
+    config = load_config(path, environ=env)
+    assert config.dicom.port == 4242
+    assert config.storage.data_dir == "/srv/x"
+    assert config.dicom.allowed_callers == (AllowedCaller("PACS", "10.0.0.5"),)
+
+
+def test_env_override_of_a_table_array() -> None:
+    env = {"IMAGING_AI_DICOM__ALLOWED_CALLERS": '[{ae_title = "CT1", host = "127.0.0.1"}]'}
+    assert load_config(None, environ=env).dicom.allowed_callers[0].ae_title == "CT1"
+
+
+@pytest.mark.parametrize(
+    ("text", "env", "message"),
+    [
+        ("[dicom]\nport = 70000\n", {}, "dicom.port"),
+        ("[dicom]\nport = 'x'\n", {}, "dicom.port must be an integer, got 'x'"),
+        ("", {"IMAGING_AI_DICOM__PORT": "abc"}, "dicom.port must be an integer, got 'abc'"),
+        ("[dicom]\nae_title = 'WAY_TOO_LONG_AE_TITLE'\n", {}, "dicom.ae_title"),
+        ("[dicom]\nbind = 'not-an-ip'\n", {}, "dicom.bind"),
+        ("[dicom]\nfoo = 1\n", {}, "unknown key dicom.foo"),
+        ("[nosuch]\n", {}, "unknown config section"),
+        ("[http]\ntokens = [{name='a', token='short', role='ris'}]\n", {}, "at least 16"),
+        (
+            "[http]\ntokens = [{name='a', token='0123456789abcdef', role='root'}]\n",
+            {},
+            "http.tokens[0].role",
+        ),
+        ("[assemble]\nseries_idle_s = -1\n", {}, "assemble.series_idle_s"),
+        ("[storage]\ndatabase_url = 'mysql://x'\n", {}, "storage.database_url"),
+        ("[priority]\nrules = [{priority = 'vip', tag = 'X', present = true}]\n", {}, "vip"),
+        ("[dicom\n", {}, "not valid TOML"),
+    ],
+)
+def test_bad_values_name_the_key(
+    tmp_path: Path, text: str, env: dict[str, str], message: str
+) -> None:
+    with pytest.raises(ConfigError, match=message.replace("[", r"\[").replace("]", r"\]")):
+        load_config(write(tmp_path, text), environ=env)
+
+
+def test_secrets_are_masked(tmp_path: Path) -> None:
+    token = "s3cret-token-value-123"
+    path = write(tmp_path, f"[http]\ntokens = [{{name='ris', token='{token}', role='ris'}}]\n")
+    config = load_config(path, environ={})
+    assert token not in repr(config)
+    assert config.http.tokens[0].token == token
+
+
+def test_config_is_frozen() -> None:
+    config = load_config(None, environ={})
+    with pytest.raises(AttributeError):
+        config.dicom.port = 1  # type: ignore[misc]
