@@ -23,6 +23,7 @@ log = logging.getLogger(__name__)
 
 RECEIVING = "receiving"
 _ID_CACHE_SIZE = 10_000
+_REQUIRED = ("StudyInstanceUID", "SeriesInstanceUID", "SOPInstanceUID", "SOPClassUID")
 _Row = TypeVar("_Row", Study, Series)
 
 
@@ -55,13 +56,13 @@ def meta_from_dataset(
     InvalidDataset
         When a UID the spool is keyed by is missing.
     """
-    try:
-        study_uid = str(ds.StudyInstanceUID)
-        series_uid = str(ds.SeriesInstanceUID)
-        sop_uid = str(ds.SOPInstanceUID)
-        sop_class = str(ds.SOPClassUID)
-    except AttributeError as exc:
-        raise InvalidDataset(f"dataset lacks a required UID: {exc}") from exc
+    missing = [k for k in _REQUIRED if not ds.get(k)]
+    if missing:
+        raise InvalidDataset(f"dataset lacks {', '.join(missing)}")
+    study_uid = str(ds.StudyInstanceUID)
+    series_uid = str(ds.SeriesInstanceUID)
+    sop_uid = str(ds.SOPInstanceUID)
+    sop_class = str(ds.SOPClassUID)
     series_number = ds.get("SeriesNumber")
     return InstanceMeta(
         study_uid=study_uid,

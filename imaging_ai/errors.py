@@ -25,6 +25,10 @@ class InvalidDataset(ImagingAIError):
     """A received DICOM dataset cannot be parsed or lacks required attributes."""
 
 
+class SOPClassMismatch(InvalidDataset):
+    """A dataset's SOP Class UID differs from the one it was sent as."""
+
+
 class UnsupportedInput(ImagingAIError):
     """A study is valid DICOM but not something the models can take (modality, geometry)."""
 

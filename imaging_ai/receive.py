@@ -36,7 +36,7 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from imaging_ai.catalog import Catalog, InstanceMeta, meta_from_dataset
 from imaging_ai.config import DicomConfig
-from imaging_ai.errors import InvalidDataset, StartupError, StorageError
+from imaging_ai.errors import InvalidDataset, SOPClassMismatch, StartupError, StorageError
 from imaging_ai.spool import Spool
 
 log = logging.getLogger(__name__)
@@ -58,6 +58,8 @@ STATUS_SUCCESS = 0x0000
 STATUS_OUT_OF_RESOURCES = 0xA700
 STATUS_SOP_CLASS_MISMATCH = 0xA900
 STATUS_CANNOT_UNDERSTAND = 0xC000
+PIXEL_DATA_TAG = 0x7FE00010
+UNDEFINED_LENGTH = 0xFFFFFFFF
 # A-ASSOCIATE-RJ (result, source, diagnostic): rejected-permanent, service-user.
 REJECT_CALLING_AE = (0x01, 0x01, 0x03)
 
@@ -95,6 +97,8 @@ def store_status(exc: BaseException) -> Dataset:
     # Storage and database failures are transient: 0xA700 makes PACS retry later.
     if isinstance(exc, StorageError | SQLAlchemyError):
         code = STATUS_OUT_OF_RESOURCES
+    elif isinstance(exc, SOPClassMismatch):
+        code = STATUS_SOP_CLASS_MISMATCH
     else:
         code = STATUS_CANNOT_UNDERSTAND
     status = Dataset()
@@ -242,7 +246,7 @@ class Receiver:
                 level,
                 "C-STORE refused with status 0x%04X: %s",
                 status.Status,
-                status.ErrorComment,
+                exc,
                 exc_info=not isinstance(exc, InvalidDataset | StorageError),
             )
             return status
@@ -253,7 +257,7 @@ class Receiver:
         self.spool.ensure_space()
         meta = self._meta(event)
         if meta.sop_class_uid != str(event.request.AffectedSOPClassUID):
-            raise InvalidDataset("dataset SOP Class UID differs from the C-STORE request")
+            raise SOPClassMismatch("dataset SOP Class UID differs from the C-STORE request")
         spooled = self.spool.adopt(
             Path(event.dataset_path), meta.study_uid, meta.series_uid, meta.sop_uid
         )
@@ -266,8 +270,11 @@ class Receiver:
     def _meta(self, event: Any) -> InstanceMeta:
         calling = event.assoc.requestor.ae_title.strip()
         syntax = str(event.context.transfer_syntax)
+        path = Path(event.dataset_path)
         try:
-            ds = dcmread(event.dataset_path, stop_before_pixels=True)
+            # Values over 1 KB (Pixel Data) are not read, only located.
+            ds = dcmread(path, defer_size=1024)
+            _check_pixel_data_complete(ds, path)
             return meta_from_dataset(ds, syntax, calling, self.routing_tags)
         except InvalidDataset:
             raise
@@ -282,6 +289,28 @@ class Receiver:
                 observer(stored)
             except Exception:
                 log.exception("observer %r failed on a stored instance", observer)
+
+
+def _check_pixel_data_complete(ds: Dataset, path: Path) -> None:
+    """Refuse native Pixel Data shorter than its image attributes need, or past the file's end.
+
+    Only the element's position and length are read, never the pixels.
+    """
+    elem = ds.get_item(PIXEL_DATA_TAG, keep_deferred=True)
+    length = getattr(elem, "length", None)
+    if elem is None or length is None or length == UNDEFINED_LENGTH:
+        return
+    tell = getattr(elem, "value_tell", None)
+    size = path.stat().st_size
+    if tell is not None and tell + length > size:
+        raise InvalidDataset(f"Pixel Data truncated: {size - tell} of {length} bytes received")
+    frames = int(ds.get("NumberOfFrames") or 1)
+    bytes_per_sample = (int(ds.get("BitsAllocated") or 16) + 7) // 8
+    samples = int(ds.get("SamplesPerPixel") or 1)
+    needed = int(ds.get("Rows") or 0) * int(ds.get("Columns") or 0) * frames
+    needed *= samples * bytes_per_sample
+    if length < needed:
+        raise InvalidDataset(f"Pixel Data truncated: {length} bytes, the image needs {needed}")
 
 
 def _same_host(configured: str, address: str) -> bool:

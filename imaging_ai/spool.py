@@ -79,8 +79,8 @@ class Spool:
         free = self.free_bytes()
         if free < self.min_free_bytes:
             raise OutOfResources(
-                f"spool {self.root} has {free // 2**20} MB free, below storage.min_free_mb "
-                f"({self.min_free_bytes // 2**20} MB)"
+                f"disk below storage.min_free_mb: {free // 2**20} MB free of "
+                f"{self.min_free_bytes // 2**20} MB required at {self.root}"
             )
 
     def relative_path(self, study_uid: str, series_uid: str, sop_uid: str) -> str:

@@ -59,8 +59,17 @@ class PostgresCluster:
             shutil.chown(self.root, self.user)
         self._run("initdb", "-D", str(self.data), "-A", "trust", "-U", self.user, "-E", "UTF8")
         options = f"-c listen_addresses=127.0.0.1 -p {self.port} -k {self.root} -F"
-        self._run("pg_ctl", "-D", str(self.data), "-o", options, "-l",
-                  str(self.root / "log"), "-w", "start")
+        self._run(
+            "pg_ctl",
+            "-D",
+            str(self.data),
+            "-o",
+            options,
+            "-l",
+            str(self.root / "log"),
+            "-w",
+            "start",
+        )
 
     def stop(self) -> None:
         try:

@@ -18,9 +18,16 @@ T0 = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
 
 
 def meta(sop: str, series: str = "1.3", study: str = "1.2") -> InstanceMeta:
-    return InstanceMeta(study, series, sop, "1.2.840.10008.5.1.4.1.1.2", "1.2.840.10008.1.2.1",
-                        accession_number="A1", calling_ae="PACS",
-                        routing={"RequestedProcedurePriority": "STAT"})
+    return InstanceMeta(
+        study,
+        series,
+        sop,
+        "1.2.840.10008.5.1.4.1.1.2",
+        "1.2.840.10008.1.2.1",
+        accession_number="A1",
+        calling_ae="PACS",
+        routing={"RequestedProcedurePriority": "STAT"},
+    )
 
 
 def make_catalog(engine: Engine, tmp_path: Path) -> Catalog:
@@ -74,8 +81,12 @@ def test_reconcile_registers_orphans_and_marks_missing(engine: Engine, tmp_path:
     datasets = [pydicom.dcmread(f) for f in files]
     # One file reached the spool but not the database (a crash between the two).
     orphan = datasets[0]
-    catalog.spool.store(files[0].read_bytes(), orphan.StudyInstanceUID,
-                        orphan.SeriesInstanceUID, orphan.SOPInstanceUID)
+    catalog.spool.store(
+        files[0].read_bytes(),
+        orphan.StudyInstanceUID,
+        orphan.SeriesInstanceUID,
+        orphan.SOPInstanceUID,
+    )
     # One row whose file has gone.
     gone = meta_from_dataset(datasets[1], "1.2.840.10008.1.2.1", "PACS", ())
     catalog.record(gone, "1.2/1.3/1.4.dcm", 10, T0)
@@ -95,6 +106,7 @@ def test_meta_reads_routing_from_request_attributes() -> None:
     item.RequestedProcedurePriority = "STAT"
     ds.RequestAttributesSequence = [item]
     ds.AdmissionID = ""
-    m = meta_from_dataset(ds, "1.2.840.10008.1.2", "CT1",
-                          ("RequestedProcedurePriority", "AdmissionID"))
+    m = meta_from_dataset(
+        ds, "1.2.840.10008.1.2", "CT1", ("RequestedProcedurePriority", "AdmissionID")
+    )
     assert m.routing == {"RequestedProcedurePriority": "STAT"}
