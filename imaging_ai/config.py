@@ -44,6 +44,7 @@ class DicomConfig:
     allowed_callers: tuple[AllowedCaller, ...] = ()
     max_pdu: int = 131072
     max_associations: int = 16
+    receiver_processes: int = 0
     network_timeout_s: float = 60.0
     tls_cert: str = ""
     tls_key: str = ""
@@ -375,6 +376,8 @@ def _validate_dicom(d: DicomConfig) -> None:
         _validate_address(f"dicom.allowed_callers[{i}].host", caller.host)
     if d.max_pdu != 0 and not 4096 <= d.max_pdu <= 2**31:
         raise ConfigError(f"dicom.max_pdu must be 0 (unlimited) or >= 4096, got {d.max_pdu}")
+    if d.receiver_processes < 0:
+        raise ConfigError(f"dicom.receiver_processes must be >= 0, got {d.receiver_processes}")
     if d.max_associations < 1:
         raise ConfigError(f"dicom.max_associations must be >= 1, got {d.max_associations}")
     if bool(d.tls_cert) != bool(d.tls_key):

@@ -20,7 +20,7 @@ from imaging_ai.catalog import Catalog
 from imaging_ai.config import Config
 from imaging_ai.db.session import make_engine, session_factory, upgrade, utcnow
 from imaging_ai.errors import OutOfResources, StartupError
-from imaging_ai.receive import Receiver
+from imaging_ai.receive_pool import ReceiverPool, receiver_count
 from imaging_ai.spool import Spool
 from imaging_ai.web.app import WebContext, create_app, database_ready
 from imaging_ai.web.auth import TokenStore
@@ -51,9 +51,8 @@ class Daemon:
         self.sessions = session_factory(self.engine)
         self.spool = Spool(config.storage.spool_dir, config.storage.min_free_mb)
         self.catalog = Catalog(self.engine, self.spool)
-        tags = routing_tags(config.priority.rules)
-        self.routing_tags = tags
-        self.receiver = Receiver(config.dicom, self.spool, self.catalog, tags)
+        self.routing_tags = routing_tags(config.priority.rules)
+        self.receivers = ReceiverPool(config)
         self.assembler = Assembler(self.sessions, config.assemble, config.priority, self.started_at)
         self.http: _Server | None = None
         self._stopping = threading.Event()
@@ -75,13 +74,16 @@ class Daemon:
                 f"cannot create storage.data_dir {data_dir}: {exc.strerror}"
             ) from exc
         upgrade(self.engine)
+        # Receivers share their port (SO_REUSEPORT), so a second daemon could bind it too:
+        # a plain bind first makes "port in use" a start-up error instead.
+        _check_port_free("dicom", self.config.dicom.bind, self.config.dicom.port)
         _check_port_free("http", self.config.http.bind, self.config.http.port)
         registered, missing = self.catalog.reconcile(self.routing_tags)
         if registered or missing:
             log.warning(
                 "spool reconciled: %d file(s) registered, %d row(s) missing", registered, missing
             )
-        self.receiver.start()
+        self.receivers.start()
         self.assembler.start()
 
     def readiness(self) -> dict[str, str]:
@@ -91,7 +93,10 @@ class Daemon:
             disk = "ok"
         except OutOfResources as exc:
             disk = str(exc)
-        return {"database": database_ready(self.sessions), "disk": disk}
+        expected = receiver_count(self.config)
+        alive = self.receivers.alive()
+        receivers = "ok" if alive == expected else f"{alive} of {expected} receivers running"
+        return {"database": database_ready(self.sessions), "disk": disk, "receivers": receivers}
 
     def serve_forever(self) -> None:
         """Serve HTTP in this thread until a shutdown is requested."""
@@ -123,13 +128,13 @@ class Daemon:
             return
         self._stopping.set()
         log.info("shutting down: no new associations")
-        self.receiver.stop()
+        self.receivers.stop()
         if self.http is not None:
             self.http.should_exit = True
 
     def close(self) -> None:
         """Finish the shutdown after serving has stopped."""
-        self.receiver.stop()
+        self.receivers.stop()
         self.assembler.stop()
         self.engine.dispose()
         log.info("imaging-ai stopped")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import multiprocessing
 import socket
 import ssl
 import tempfile
@@ -32,6 +33,7 @@ from pynetdicom.sop_class import (  # type: ignore[attr-defined]
     EnhancedCTImageStorage,
     Verification,
 )
+from pynetdicom.transport import ThreadedAssociationServer
 from sqlalchemy.exc import SQLAlchemyError
 
 from imaging_ai.catalog import Catalog, InstanceMeta, meta_from_dataset
@@ -52,7 +54,7 @@ LOSSLESS_SYNTAXES = (JPEGLSLossless, JPEG2000Lossless, RLELossless, JPEGLossless
 
 # pynetdicom's reader sleeps this long whenever a poll finds nothing (default 1 ms);
 # each image crosses several polls, so a shorter sleep is most of a single association's rate.
-DUL_LOOP_DELAY_S = 0.0002
+DUL_LOOP_DELAY_S = 0.00005
 # DICOM PS3.4 Annex B status codes for the Storage service class.
 STATUS_SUCCESS = 0x0000
 STATUS_OUT_OF_RESOURCES = 0xA700
@@ -62,6 +64,27 @@ PIXEL_DATA_TAG = 0x7FE00010
 UNDEFINED_LENGTH = 0xFFFFFFFF
 # A-ASSOCIATE-RJ (result, source, diagnostic): rejected-permanent, service-user.
 REJECT_CALLING_AE = (0x01, 0x01, 0x03)
+
+
+class ReceiverStats:
+    """Counters shared by every receiver process (multiprocessing shared memory)."""
+
+    FIELDS = ("stored", "late", "refused", "active")
+
+    def __init__(self, context: Any = None) -> None:
+        ctx = context or multiprocessing.get_context("spawn")
+        self._values = {name: ctx.Value("q", 0) for name in self.FIELDS}
+
+    def add(self, **deltas: int) -> None:
+        """Add to counters by name."""
+        for name, delta in deltas.items():
+            value = self._values[name]
+            with value.get_lock():
+                value.value += delta
+
+    def snapshot(self) -> dict[str, int]:
+        """Current value of every counter."""
+        return {name: int(v.value) for name, v in self._values.items()}
 
 
 @dataclass(frozen=True)
@@ -123,6 +146,7 @@ class Receiver:
         spool: Spool,
         catalog: Catalog,
         routing_tags: tuple[str, ...],
+        stats: ReceiverStats | None = None,
     ) -> None:
         self.config = config
         self.spool = spool
@@ -131,9 +155,7 @@ class Receiver:
         self.observers: list[Callable[[StoredInstance], None]] = []
         self.ae = self._make_ae()
         self._server: Any = None
-        self._lock = threading.Lock()
-        self.refused_associations = 0
-        self.instances_stored = 0
+        self.stats = stats or ReceiverStats()
 
     def _make_ae(self) -> AE:
         ae = AE(ae_title=self.config.ae_title)
@@ -149,10 +171,15 @@ class Receiver:
         ae.add_supported_context(Verification)
         return ae
 
-    def start(self) -> None:
-        """Open the port; refuse to start with a hint if it cannot be bound."""
+    def start(self, reuse_port: bool = False) -> None:
+        """Open the port; refuse to start with a hint if it cannot be bound.
+
+        With ``reuse_port`` several receiver processes listen on the same port and the
+        kernel spreads associations over them (SO_REUSEPORT).
+        """
         handlers: list[Any] = [
             (evt.EVT_CONN_OPEN, self._on_conn_open),
+            (evt.EVT_CONN_CLOSE, self._on_conn_close),
             (evt.EVT_REQUESTED, self._on_requested),
             (evt.EVT_C_ECHO, self._on_echo),
             (evt.EVT_C_STORE, self._on_store),
@@ -163,15 +190,23 @@ class Receiver:
         # settings are process-wide: the daemon owns its process.
         _config.STORE_RECV_CHUNKED_DATASET = True
         tempfile.tempdir = str(self.spool.tmp_dir)
+        server_class = _ReusePortServer if reuse_port else ThreadedAssociationServer
         try:
-            self._server = self.ae.start_server(
-                address, block=False, evt_handlers=handlers, ssl_context=self._ssl_context()
+            server = self.ae.make_server(
+                address,
+                evt_handlers=handlers,
+                ssl_context=self._ssl_context(),
+                server_class=server_class,
             )
         except OSError as exc:
             raise StartupError(
                 f"cannot listen for DICOM on {self.config.bind}:{self.config.port}: "
                 f"{exc.strerror}; change dicom.port or stop the other program"
             ) from exc
+        self._server = server
+        # As AE.start_server does: the server removes itself from this list on shutdown.
+        self.ae._servers.append(server)
+        threading.Thread(target=server.serve_forever, name="dicom-acceptor", daemon=True).start()
         log.info(
             "DICOM storage SCP %s listening on %s:%d",
             self.config.ae_title,
@@ -204,7 +239,11 @@ class Receiver:
             context.verify_mode = ssl.CERT_REQUIRED
         return context
 
+    def _on_conn_close(self, event: Any) -> None:
+        self.stats.add(active=-1)
+
     def _on_conn_open(self, event: Any) -> None:
+        self.stats.add(active=1)
         # DCMTK writes each PDU header and body separately; without TCP_NODELAY every
         # response waits for a delayed ACK (~40 ms per image).
         event.assoc.dul._run_loop_delay = DUL_LOOP_DELAY_S
@@ -225,8 +264,7 @@ class Receiver:
         address = assoc.requestor.address
         if self.is_allowed(calling, address):
             return
-        with self._lock:
-            self.refused_associations += 1
+        self.stats.add(refused=1)
         log.warning("association refused: calling AE %r from %s is not allowed", calling, address)
         assoc.acse.send_reject(*REJECT_CALLING_AE)
         assoc.is_rejected = True
@@ -282,13 +320,20 @@ class Receiver:
             raise InvalidDataset(f"dataset cannot be decoded: {exc}") from exc
 
     def _notify(self, stored: StoredInstance) -> None:
-        with self._lock:
-            self.instances_stored += 1
+        self.stats.add(stored=1, late=int(stored.late))
         for observer in self.observers:
             try:
                 observer(stored)
             except Exception:
                 log.exception("observer %r failed on a stored instance", observer)
+
+
+class _ReusePortServer(ThreadedAssociationServer):
+    """An association server that shares its port with the daemon's other receivers."""
+
+    def server_bind(self) -> None:
+        self.socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        super().server_bind()
 
 
 def _check_pixel_data_complete(ds: Dataset, path: Path) -> None:

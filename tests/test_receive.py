@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import subprocess
 from collections.abc import Iterator
-from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -116,7 +115,7 @@ def test_store_then_duplicate_replaces(
         stored.file_meta.TransferSyntaxUID == assoc.accepted_contexts[0].transfer_syntax[0]
         or stored.file_meta.TransferSyntaxUID
     )  # type: ignore[attr-defined]
-    assert receiver.instances_stored == 2
+    assert receiver.stats.snapshot()["stored"] == 2
 
 
 def test_dataset_without_uids_is_refused(

@@ -44,7 +44,7 @@ def test_bad_uids_are_refused(spool: Spool, uid: str) -> None:
 def test_low_water_mark(tmp_path: Path) -> None:
     spool = Spool(tmp_path / "spool", min_free_mb=10**9)
     spool.prepare()
-    with pytest.raises(OutOfResources, match="below storage.min_free_mb"):
+    with pytest.raises(OutOfResources, match=r"below storage\.min_free_mb"):
         spool.store(b"x", "1.2", "1.3", "1.4")
     assert list(spool.walk()) == []
 

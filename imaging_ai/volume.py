@@ -1,0 +1,503 @@
+"""DICOM files of one CT series in, a Volume (HU voxels with their patient geometry) out."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pydicom
+from numpy.typing import ArrayLike, NDArray
+from pydicom.dataset import Dataset
+from pydicom.errors import InvalidDicomError
+from pydicom.uid import (
+    DeflatedExplicitVRLittleEndian,
+    ExplicitVRLittleEndian,
+    ImplicitVRLittleEndian,
+)
+
+from imaging_ai.errors import GeometryError, InvalidDataset, UnsupportedInput
+
+CT_IMAGE_STORAGE = "1.2.840.10008.5.1.4.1.1.2"
+ENHANCED_CT_IMAGE_STORAGE = "1.2.840.10008.5.1.4.1.1.2.1"
+LEGACY_ENHANCED_CT_IMAGE_STORAGE = "1.2.840.10008.5.1.4.1.1.2.2"
+_MULTI_FRAME = frozenset({ENHANCED_CT_IMAGE_STORAGE, LEGACY_ENHANCED_CT_IMAGE_STORAGE})
+_CT_CLASSES = _MULTI_FRAME | {CT_IMAGE_STORAGE}
+_NATIVE_LITTLE_ENDIAN = frozenset(
+    {ImplicitVRLittleEndian, ExplicitVRLittleEndian, DeflatedExplicitVRLittleEndian}
+)
+_SUMMARY_TAGS = [
+    *("SeriesInstanceUID", "Modality", "SOPClassUID", "ImageType", "ImageOrientationPatient"),
+    *("SharedFunctionalGroupsSequence", "NumberOfFrames", "SliceThickness", "SeriesNumber"),
+]
+# Where Enhanced CT keeps the attributes that single-frame CT has at top level.
+_FUNCTIONAL_GROUP = {
+    "ImagePositionPatient": "PlanePosition",
+    "ImageOrientationPatient": "PlaneOrientation",
+    "PixelSpacing": "PixelMeasures",
+    "RescaleSlope": "PixelValueTransformation",
+    "RescaleIntercept": "PixelValueTransformation",
+    "GantryDetectorTilt": "CTAcquisitionDetails",
+}
+# Direction cosines are decimal strings; scanners round them to about 6 digits.
+_COSINE_TOL = 1e-3
+# A step this short is the same position written twice, not a thin slice.
+_DUPLICATE_MM = 0.01
+# Spacing may jitter by rounding; beyond this a single z spacing would misplace slices.
+_IRREGULAR_FRACTION = 0.1
+
+
+@dataclass(frozen=True, eq=False)
+class Volume:
+    """One CT series as a 3-D array of Hounsfield units with its patient geometry.
+
+    ``hu`` is indexed ``hu[k, j, i]`` (slice, row, column). Indices handed to
+    :meth:`index_to_lps` are ``(i, j, k)``, in the order of ``spacing_mm`` (x, y, z), as ITK does.
+    ``direction`` holds the row direction, the column direction and the slice normal as its
+    columns, so ``lps = origin + direction @ (spacing * ijk)``. For multi-frame instances
+    ``sop_instance_uids`` repeats the instance's UID and ``frame_numbers`` tells the frames apart
+    (1 for every single-frame instance).
+    """
+
+    hu: NDArray[np.float32]
+    origin_mm: tuple[float, float, float]
+    spacing_mm: tuple[float, float, float]
+    direction: NDArray[np.float64]
+    sop_instance_uids: tuple[str, ...]
+    series_instance_uid: str
+    study_instance_uid: str
+    frame_of_reference_uid: str
+    frame_numbers: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.hu.ndim != 3 or self.direction.shape != (3, 3):
+            raise ValueError("Volume needs a 3-D hu array and a 3×3 direction")
+
+    @property
+    def voxel_volume_ml(self) -> float:
+        """Volume of one voxel in millilitres (cm³)."""
+        return float(np.prod(self.spacing_mm)) / 1000.0
+
+    def index_to_lps(self, ijk: ArrayLike) -> NDArray[np.float64]:
+        """Map continuous voxel indices ``(..., 3)`` as (i, j, k) to LPS millimetres."""
+        scaled = np.asarray(ijk, dtype=np.float64) * np.asarray(self.spacing_mm)
+        lps: NDArray[np.float64] = np.asarray(self.origin_mm) + scaled @ self.direction.T
+        return lps
+
+    def lps_to_index(self, xyz: ArrayLike) -> NDArray[np.float64]:
+        """Map LPS millimetres ``(..., 3)`` to continuous voxel indices (i, j, k)."""
+        offset = np.asarray(xyz, dtype=np.float64) - np.asarray(self.origin_mm)
+        ijk: NDArray[np.float64] = offset @ np.linalg.inv(self.direction).T
+        ijk /= np.asarray(self.spacing_mm)
+        return ijk
+
+
+@dataclass(frozen=True, slots=True)
+class _Frame:
+    """One 2-D image: a single-frame instance or one frame of a multi-frame instance."""
+
+    sop_uid: str
+    frame_number: int
+    series_uid: str
+    study_uid: str
+    for_uid: str
+    orientation: tuple[float, ...]
+    position: tuple[float, ...]
+    pixel_spacing: tuple[float, ...]  # DICOM order: between rows (y), between columns (x)
+    slope: float
+    intercept: float
+    tilt_deg: float
+    pixels: NDArray[Any]
+
+
+def load_series(paths: Sequence[Path], *, min_slices: int = 3, workers: int = 4) -> Volume:
+    """Read the DICOM files of one CT series and build its volume.
+
+    Parameters
+    ----------
+    paths
+        Files of one series, in any order. Localizer (scout) images among them are skipped.
+    min_slices
+        Fewest slices accepted as a volume (never fewer than 2: the slice spacing is measured
+        between positions).
+    workers
+        Threads reading files; reading is mostly I/O and pixel copies.
+
+    Returns
+    -------
+    Volume
+        Slices sorted along the slice normal (not by InstanceNumber), HU from the rescale.
+
+    Raises
+    ------
+    InvalidDataset
+        A file is not DICOM, lacks pixel data or a required attribute.
+    UnsupportedInput
+        Not CT, an undecodable transfer syntax, or files of more than one series.
+    GeometryError
+        The slices do not form one regular grid (the message says why).
+    """
+    if not paths:
+        raise UnsupportedInput("no DICOM files were given; cannot build a volume")
+    with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
+        per_file = list(pool.map(_read_frames, paths))
+    unique = {(f.sop_uid, f.frame_number): f for frames in per_file for f in frames}
+    return _assemble(list(unique.values()), min_slices)
+
+
+def group_series(paths: Iterable[Path]) -> dict[str, list[Path]]:
+    """Group files by SeriesInstanceUID, reading headers only.
+
+    Parameters
+    ----------
+    paths
+        DICOM files of one or more series.
+
+    Returns
+    -------
+    dict
+        Series Instance UID → its files, in the order given.
+    """
+    groups: dict[str, list[Path]] = {}
+    for path in paths:
+        ds = _dcmread(path, ["SeriesInstanceUID"])
+        groups.setdefault(_text(ds, "SeriesInstanceUID", path.name), []).append(path)
+    return groups
+
+
+def pick_series(series: Mapping[str, Sequence[Path]]) -> str:
+    """Choose the series of a study to analyse.
+
+    The rule: among CT image series (CT or Enhanced CT storage, not localizers) whose slice normal
+    lies closest to the patient's head–foot axis (axial), take the one with the most slices; ties
+    go to thinner SliceThickness, then the lower SeriesNumber, then the UID. Each series is judged
+    by the header of its first file.
+
+    Parameters
+    ----------
+    series
+        Output of :func:`group_series`.
+
+    Returns
+    -------
+    str
+        The chosen Series Instance UID.
+
+    Raises
+    ------
+    UnsupportedInput
+        No series qualifies; the message lists what the study holds.
+    """
+    ranked: list[tuple[int, float, int, str]] = []
+    seen: list[str] = []
+    for uid, paths in series.items():
+        ds = _dcmread(paths[0], _SUMMARY_TAGS)
+        kind = _series_kind(ds)
+        seen.append(f"{uid} ({kind}, {len(paths)} files)")
+        if kind == "axial CT":
+            slices = len(paths) * int(ds.get("NumberOfFrames", 1) or 1)
+            thickness = float(ds.get("SliceThickness", 0.0) or 0.0)
+            number = int(ds.get("SeriesNumber", 0) or 0)
+            ranked.append((-slices, thickness, number, uid))
+    if not ranked:
+        raise UnsupportedInput(f"the study has no axial CT series; it holds: {'; '.join(seen)}")
+    return min(ranked)[3]
+
+
+def _series_kind(ds: Dataset) -> str:
+    modality = str(ds.get("Modality", "?"))
+    if modality != "CT" or str(ds.get("SOPClassUID", "")) not in _CT_CLASSES:
+        return f"{modality} {ds.get('SOPClassUID', 'no SOP class')}"
+    if "LOCALIZER" in [str(v).upper() for v in ds.get("ImageType", [])]:
+        return "CT localizer"
+    source = ds
+    if "SharedFunctionalGroupsSequence" in ds:
+        source = _groups(Dataset(), ds.SharedFunctionalGroupsSequence[0])("ImageOrientationPatient")
+    cosines = np.asarray(_floats(source, "ImageOrientationPatient", 6, "first file"))
+    normal = np.abs(np.cross(cosines[:3], cosines[3:]))
+    return "axial CT" if int(np.argmax(normal)) == 2 else "non-axial CT"
+
+
+def _dcmread(path: Path, header_tags: list[str] | None = None) -> Dataset:
+    try:
+        if header_tags is not None:
+            return pydicom.dcmread(path, stop_before_pixels=True, specific_tags=header_tags)
+        return pydicom.dcmread(path)
+    except (InvalidDicomError, EOFError, OSError) as exc:
+        raise InvalidDataset(f"file {path.name} is not a readable DICOM file ({exc})") from exc
+
+
+def _read_frames(path: Path) -> list[_Frame]:
+    ds = _dcmread(path)
+    where = f"instance {ds.get('SOPInstanceUID', '?')} ({path.name})"
+    _check_instance(ds, where)
+    if "LOCALIZER" in [str(v).upper() for v in ds.get("ImageType", [])]:
+        return []
+    pixels = _decode(ds, where)
+    if str(ds.SOPClassUID) not in _MULTI_FRAME:
+        return [_frame(ds, pixels[0], where, lambda _: ds)]
+    shared_seq = ds.get("SharedFunctionalGroupsSequence")
+    shared = shared_seq[0] if shared_seq else Dataset()
+    per_frame = ds.get("PerFrameFunctionalGroupsSequence") or []
+    if len(per_frame) != len(pixels):
+        raise InvalidDataset(
+            f"{where} has {len(pixels)} frames but {len(per_frame)} per-frame functional groups"
+        )
+    return [
+        _frame(ds, pixels[i], f"{where} frame {i + 1}", _groups(item, shared), i + 1)
+        for i, item in enumerate(per_frame)
+    ]
+
+
+def _groups(item: Dataset, shared: Dataset) -> Callable[[str], Dataset]:
+    """Find an attribute's functional group, per-frame before shared (PS3.3 C.7.6.16)."""
+
+    def lookup(keyword: str) -> Dataset:
+        name = f"{_FUNCTIONAL_GROUP[keyword]}Sequence"
+        for source in (item, shared):
+            if source.get(name):
+                found: Dataset = source[name][0]
+                return found
+        return Dataset()  # the caller then reports the attribute as missing
+
+    return lookup
+
+
+def _frame(
+    ds: Dataset,
+    pixels: NDArray[Any],
+    where: str,
+    source: Callable[[str], Dataset],
+    number: int = 1,
+) -> _Frame:
+    """Collect one image's geometry; `source` says which dataset holds an attribute."""
+    tilt = source("GantryDetectorTilt").get("GantryDetectorTilt")
+    return _Frame(
+        sop_uid=_text(ds, "SOPInstanceUID", where),
+        frame_number=number,
+        series_uid=_text(ds, "SeriesInstanceUID", where),
+        study_uid=_text(ds, "StudyInstanceUID", where),
+        for_uid=_text(ds, "FrameOfReferenceUID", where),
+        orientation=_floats(source("ImageOrientationPatient"), "ImageOrientationPatient", 6, where),
+        position=_floats(source("ImagePositionPatient"), "ImagePositionPatient", 3, where),
+        pixel_spacing=_floats(source("PixelSpacing"), "PixelSpacing", 2, where),
+        slope=_floats(source("RescaleSlope"), "RescaleSlope", 1, where)[0],
+        intercept=_floats(source("RescaleIntercept"), "RescaleIntercept", 1, where)[0],
+        tilt_deg=float(tilt or 0.0),
+        pixels=pixels,
+    )
+
+
+def _check_instance(ds: Dataset, where: str) -> None:
+    modality = ds.get("Modality", "unknown")
+    if modality != "CT":
+        raise UnsupportedInput(f"{where} is modality {modality}; only CT is supported")
+    sop_class = str(ds.get("SOPClassUID", ""))
+    if sop_class not in _CT_CLASSES:
+        name = getattr(ds.get("SOPClassUID"), "name", sop_class)
+        raise UnsupportedInput(f"{where} is a {name}, not a CT image; cannot build a volume")
+    if "PixelData" not in ds:
+        raise InvalidDataset(f"{where} has no pixel data")
+    photometric = ds.get("PhotometricInterpretation", "MONOCHROME2")
+    if int(ds.get("SamplesPerPixel", 1)) != 1 or photometric != "MONOCHROME2":
+        raise UnsupportedInput(f"{where} is {photometric}, not a MONOCHROME2 greyscale image")
+
+
+def _decode(ds: Dataset, where: str) -> NDArray[Any]:
+    """Stored pixel values as (frames, rows, cols); a buffer view where no decoding is needed."""
+    rows, cols = int(_value(ds, "Rows", where)), int(_value(ds, "Columns", where))
+    frames = int(ds.get("NumberOfFrames", 1) or 1)
+    bits = int(_value(ds, "BitsAllocated", where))
+    syntax = ds.file_meta.get("TransferSyntaxUID") if hasattr(ds, "file_meta") else None
+    if syntax in _NATIVE_LITTLE_ENDIAN and bits in (8, 16, 32):
+        signed = int(_value(ds, "PixelRepresentation", where)) == 1
+        dtype = np.dtype(f"<{'i' if signed else 'u'}{bits // 8}")
+        try:
+            raw = np.frombuffer(ds.PixelData, dtype=dtype, count=frames * rows * cols)
+        except ValueError as exc:
+            raise InvalidDataset(f"{where} has truncated pixel data") from exc
+        stored = int(_value(ds, "BitsStored", where))
+        return _mask_unused_bits(raw, stored, bits, signed).reshape(frames, rows, cols)
+    try:
+        return np.asarray(ds.pixel_array).reshape(frames, rows, cols)
+    except (RuntimeError, NotImplementedError, ValueError, AttributeError) as exc:
+        name = getattr(syntax, "name", syntax)
+        raise UnsupportedInput(f"{where}: pixel data in {name} cannot be decoded ({exc})") from exc
+
+
+def _mask_unused_bits(raw: NDArray[Any], stored: int, bits: int, signed: bool) -> NDArray[Any]:
+    # The bits above BitsStored may hold overlays or garbage; the standard says to ignore them.
+    if stored >= bits:
+        return raw
+    if not signed:
+        return raw & ((1 << stored) - 1)
+    shift = bits - stored
+    return (raw << shift) >> shift  # arithmetic shift right sign-extends from bit `stored`
+
+
+def _value(ds: Dataset, keyword: str, where: str) -> Any:
+    value = ds.get(keyword)
+    if value is None or value == "":
+        raise InvalidDataset(f"{where} lacks the required attribute {keyword}")
+    return value
+
+
+def _text(ds: Dataset, keyword: str, where: str) -> str:
+    return str(_value(ds, keyword, where))
+
+
+def _floats(ds: Dataset, keyword: str, count: int, where: str) -> tuple[float, ...]:
+    value = _value(ds, keyword, where)
+    values = value if isinstance(value, Sequence) and not isinstance(value, str) else [value]
+    numbers = tuple(float(v) for v in values)
+    if len(numbers) != count:
+        raise InvalidDataset(f"{where} has {len(numbers)} values in {keyword}, not {count}")
+    return numbers
+
+
+def _assemble(frames: list[_Frame], min_slices: int) -> Volume:
+    series = _one_value(frames, "series_uid", "files of {n} different series")
+    if len(frames) < max(2, min_slices):  # the slice spacing comes from two positions at least
+        raise GeometryError(
+            f"series {series} has {len(frames)} image(s); at least {max(2, min_slices)} "
+            "are needed to build a volume"
+        )
+    study = _one_value(frames, "study_uid", "images from {n} different studies")
+    frame_of_reference = _one_value(frames, "for_uid", "{n} different frames of reference")
+    direction = _direction(frames, series)
+    _check_matrix(frames, series)
+    ordered, spacing_z = _sort_along_normal(frames, direction[:, 2], series)
+    hu = np.empty((len(ordered), *ordered[0].pixels.shape), dtype=np.float32)
+    for k, frame in enumerate(ordered):
+        hu[k] = frame.pixels
+    slopes = np.array([f.slope for f in ordered], dtype=np.float32)
+    if np.any(slopes != 1.0):
+        hu *= slopes[:, None, None]
+    hu += np.array([f.intercept for f in ordered], dtype=np.float32)[:, None, None]
+    hu.flags.writeable = False
+    row_mm, col_mm = ordered[0].pixel_spacing
+    return Volume(
+        hu=hu,
+        origin_mm=(ordered[0].position[0], ordered[0].position[1], ordered[0].position[2]),
+        spacing_mm=(col_mm, row_mm, spacing_z),
+        direction=direction,
+        sop_instance_uids=tuple(f.sop_uid for f in ordered),
+        series_instance_uid=series,
+        study_instance_uid=study,
+        frame_of_reference_uid=frame_of_reference,
+        frame_numbers=tuple(f.frame_number for f in ordered),
+    )
+
+
+def _one_value(frames: list[_Frame], field: str, problem: str) -> str:
+    values = sorted({str(getattr(f, field)) for f in frames})
+    if len(values) > 1:
+        message = f"series {frames[0].series_uid} has {problem.format(n=len(values))}"
+        error = GeometryError if field == "for_uid" else UnsupportedInput
+        raise error(f"{message} ({', '.join(values[:3])}); cannot build one volume")
+    return values[0]
+
+
+def _direction(frames: list[_Frame], series: str) -> NDArray[np.float64]:
+    first = np.asarray(frames[0].orientation)
+    distinct = [first]
+    for frame in frames:
+        cosines = np.asarray(frame.orientation)
+        if all(np.max(np.abs(cosines - seen)) > _COSINE_TOL for seen in distinct):
+            distinct.append(cosines)
+    if len(distinct) > 1:
+        raise GeometryError(
+            f"series {series} has {len(distinct)} different image orientations; "
+            "cannot build a volume"
+        )
+    row, col = first[:3], first[3:]
+    if abs(np.linalg.norm(row) - 1) > _COSINE_TOL or abs(np.linalg.norm(col) - 1) > _COSINE_TOL:
+        raise GeometryError(f"series {series} has an image orientation that is not unit vectors")
+    if abs(float(row @ col)) > _COSINE_TOL:
+        raise GeometryError(
+            f"series {series} has image rows and columns that are not at a right angle"
+        )
+    row, col = row / np.linalg.norm(row), col / np.linalg.norm(col)
+    return np.column_stack([row, col, np.cross(row, col)])
+
+
+def _check_matrix(frames: list[_Frame], series: str) -> None:
+    sizes = sorted({f.pixels.shape for f in frames})
+    if len(sizes) > 1:
+        listed = ", ".join(f"{r}×{c}" for r, c in sizes)
+        raise GeometryError(f"series {series} mixes image sizes ({listed}); cannot build a volume")
+    spacings = np.array([f.pixel_spacing for f in frames])
+    if np.ptp(spacings, axis=0).max() > 1e-3 * spacings.max():
+        raise GeometryError(
+            f"series {series} mixes pixel spacings (from {spacings.min():g} to "
+            f"{spacings.max():g} mm); cannot build a volume"
+        )
+    tilts = [abs(f.tilt_deg) for f in frames]
+    if max(tilts) > 0.01:
+        raise GeometryError(
+            f"series {series} was acquired with a gantry tilt of {max(tilts):g}°; "
+            "tilted series are not supported (ask for a reconstruction without "
+            "tilt)"
+        )
+
+
+def _sort_along_normal(
+    frames: list[_Frame], normal: NDArray[np.float64], series: str
+) -> tuple[list[_Frame], float]:
+    """Order frames by position along the normal and return them with the slice spacing."""
+    positions = np.array([f.position for f in frames])
+    along = positions @ normal
+    order = np.argsort(along, kind="stable")
+    positions, along = positions[order], along[order]
+    steps = np.diff(along)
+    repeated = steps < _DUPLICATE_MM
+    if np.any(repeated):
+        count = np.count_nonzero(np.r_[repeated, False] | np.r_[False, repeated])
+        raise GeometryError(
+            f"series {series} has {count} images at repeated positions (e.g. "
+            f"{along[int(np.argmax(repeated))]:.2f} mm along the slice normal); cannot build a "
+            "volume"
+        )
+    _check_shear(positions, along, normal, frames[0].pixel_spacing, series)
+    _check_steps(steps, along, series)
+    return [frames[i] for i in order], float((along[-1] - along[0]) / (len(along) - 1))
+
+
+def _check_shear(
+    positions: NDArray[np.float64],
+    along: NDArray[np.float64],
+    normal: NDArray[np.float64],
+    pixel_spacing: tuple[float, ...],
+    series: str,
+) -> None:
+    # Slices stacked off the normal are a sheared grid (gantry tilt); a fifth of a pixel is
+    # below what resampling would change, and above decimal rounding of the positions.
+    expected = positions[0] + np.outer(along - along[0], normal)
+    drift = float(np.max(np.linalg.norm(positions - expected, axis=1)))
+    if drift > 0.2 * min(pixel_spacing):
+        raise GeometryError(
+            f"series {series} has slices that are not stacked along the slice normal (shifted "
+            f"sideways by up to {drift:.2f} mm, as with gantry tilt); tilted series are not "
+            "supported (ask for a reconstruction without tilt)"
+        )
+
+
+def _check_steps(steps: NDArray[np.float64], along: NDArray[np.float64], series: str) -> None:
+    median = float(np.median(steps))
+    k = int(np.argmax(steps))
+    if steps[k] > 1.5 * median:
+        raise GeometryError(
+            f"series {series} is missing slices: a gap of {steps[k]:.2f} mm between "
+            f"{along[k]:.2f} and {along[k + 1]:.2f} mm along the slice normal where the "
+            f"spacing is {median:.2f} mm"
+        )
+    k = int(np.argmax(np.abs(steps - median)))
+    if abs(steps[k] - median) > _IRREGULAR_FRACTION * median:
+        raise GeometryError(
+            f"series {series} has irregular slice spacing ({steps[k]:.2f} mm between "
+            f"{along[k]:.2f} and {along[k + 1]:.2f} mm, elsewhere {median:.2f} mm); "
+            "cannot build a volume with one spacing"
+        )
