@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import multiprocessing
 import os
 import signal
+import sys
 import time
 from multiprocessing.process import BaseProcess
 from multiprocessing.synchronize import Event
@@ -21,6 +23,7 @@ from imaging_ai.spool import Spool
 log = logging.getLogger(__name__)
 
 _PARENT_POLL_S = 0.5
+_PR_SET_PDEATHSIG = 1
 _READY_TIMEOUT_S = 30.0
 
 
@@ -84,12 +87,25 @@ class ReceiverPool:
         return sum(p.is_alive() for p in self._processes)
 
 
+def _die_with_parent() -> None:
+    """Ask Linux to SIGKILL this process when the daemon's main process dies.
+
+    A receiver must not outlive the daemon: it would keep answering on the port with no
+    assembler behind it. Elsewhere the parent-PID poll in the main loop does the same, slower.
+    """
+    if sys.platform != "linux":
+        return
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
 def _worker_main(
     config: Config, stats: ReceiverStats, stop: Event, ready: Event, parent_pid: int
 ) -> None:
     from imaging_ai.cli import setup_logging
 
     setup_logging(config.logging.level)
+    _die_with_parent()
     # The parent owns shutdown; a terminal's Ctrl-C must not kill receivers mid-write.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     engine = make_engine(config.storage.resolved_database_url)

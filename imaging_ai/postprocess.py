@@ -1,0 +1,254 @@
+"""Takes model probabilities on the source grid; gives label maps, 3-D lesions, measurements."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import SimpleITK as sitk
+from numpy.typing import NDArray
+
+from imaging_ai.modelcard import Label, ModelCard
+from imaging_ai.volume import Volume
+
+# Values of the combined label map written by `imaging-ai infer` and used for SEG segments.
+RIGHT_LUNG = 1
+LEFT_LUNG = 2
+LESION = 3
+SIDES = {RIGHT_LUNG: "right", LEFT_LUNG: "left"}
+
+
+@dataclass(frozen=True)
+class Lesion:
+    """One 3-D lesion, measured in patient coordinates (DICOM LPS, millimetres)."""
+
+    number: int
+    centre_mm: tuple[float, float, float]
+    long_axis_mm: float
+    short_axis_mm: float
+    volume_ml: float
+    mean_hu: float
+    max_hu: float
+    max_probability: float
+    side: str
+    slices: tuple[int, int]
+    voxels: int
+    voxel_index: NDArray[np.intp] = field(repr=False, compare=False)
+
+    def as_json(self) -> dict[str, Any]:
+        """JSON-ready form (rounded for people, not for maths)."""
+        return {
+            "number": self.number,
+            "centre_mm": [round(c, 2) for c in self.centre_mm],
+            "long_axis_mm": round(self.long_axis_mm, 2),
+            "short_axis_mm": round(self.short_axis_mm, 2),
+            "volume_ml": round(self.volume_ml, 4),
+            "mean_hu": round(self.mean_hu, 1),
+            "max_hu": round(self.max_hu, 1),
+            "max_probability": round(self.max_probability, 3),
+            "location": f"{self.side} lung" if self.side else "lung",
+            "slices": list(self.slices),
+        }
+
+
+def segment_labels(probabilities: NDArray[Any], card: ModelCard) -> NDArray[np.uint8]:
+    """Label map (slices, rows, cols) from per-class probabilities (slices, C, rows, cols).
+
+    Softmax outputs take the most probable class where it passes its label's threshold;
+    sigmoid outputs threshold each label's channel on its own.
+    """
+    out = np.zeros((probabilities.shape[0], *probabilities.shape[2:]), dtype=np.uint8)
+    if card.output.kind == "softmax":
+        best = probabilities.argmax(axis=1)
+        for label in card.labels:
+            hit = (best == label.channel) & (probabilities[:, label.channel] >= label.threshold)
+            out[hit] = label.value
+        return out
+    for label in card.labels:
+        out[_probability(probabilities, label, card) >= label.threshold] = label.value
+    return out
+
+
+def _probability(outputs: NDArray[Any], label: Label, card: ModelCard) -> NDArray[Any]:
+    channel = outputs[:, label.channel]
+    if card.output.kind == "logits":
+        return np.asarray(1.0 / (1.0 + np.exp(-channel)))
+    return channel
+
+
+def detect_lesions(
+    probabilities: NDArray[Any], card: ModelCard, volume: Volume, lungs: NDArray[np.uint8]
+) -> list[Lesion]:
+    """Group a detection model's per-slice probabilities into measured 3-D lesions.
+
+    Parameters
+    ----------
+    probabilities
+        (slices, C, rows, cols) on the source grid.
+    card
+        The detection model's card: its first label gives the threshold and minimum volume.
+    volume
+        Source geometry and HU.
+    lungs
+        The lung label map (RIGHT_LUNG / LEFT_LUNG), used to name each lesion's side.
+    """
+    label = card.labels[0]
+    prob = _probability(probabilities, label, card)
+    mask = prob >= label.threshold
+    min_voxels = max(1, int(label.min_volume_mm3 / (volume.voxel_volume_ml * 1000.0)))
+    components = connected_components(mask, volume, min_voxels)
+    lesions = []
+    for number, idx in enumerate(components, start=1):
+        lesions.append(measure(number, idx, prob, volume, lungs))
+    return lesions
+
+
+def connected_components(
+    mask: NDArray[np.bool_], volume: Volume, min_voxels: int
+) -> list[NDArray[np.intp]]:
+    """Voxel indices (n, 3: slice, row, col) of each 26-connected component, largest first."""
+    image = sitk.GetImageFromArray(mask.astype(np.uint8))
+    # SimpleITK's wrappers carry no annotations.
+    image.SetSpacing(volume.spacing_mm)  # type: ignore[no-untyped-call]
+    labelled = sitk.ConnectedComponent(image, True)  # type: ignore[no-untyped-call]
+    labelled = sitk.RelabelComponent(  # type: ignore[no-untyped-call]
+        labelled, minimumObjectSize=min_voxels, sortByObjectSize=True
+    )
+    array = sitk.GetArrayViewFromImage(labelled)
+    flat = np.flatnonzero(array)
+    values = array.ravel()[flat]
+    order = np.argsort(values, kind="stable")
+    groups = np.split(flat[order], np.flatnonzero(np.diff(values[order])) + 1)
+    return [np.stack(np.unravel_index(g, array.shape), axis=1) for g in groups if g.size]
+
+
+def measure(
+    number: int,
+    idx: NDArray[np.intp],
+    prob: NDArray[Any],
+    volume: Volume,
+    lungs: NDArray[np.uint8],
+) -> Lesion:
+    """Measure one component: centre, RECIST-style axes, volume, HU and side."""
+    s, r, c = idx[:, 0], idx[:, 1], idx[:, 2]
+    centre = volume.index_to_lps(np.stack([c, r, s], axis=1).mean(axis=0))
+    hu = volume.hu[s, r, c]
+    long_axis, short_axis = axial_diameters(idx, volume)
+    return Lesion(
+        number=number,
+        centre_mm=(float(centre[0]), float(centre[1]), float(centre[2])),
+        long_axis_mm=long_axis,
+        short_axis_mm=short_axis,
+        volume_ml=len(idx) * volume.voxel_volume_ml,
+        mean_hu=float(hu.mean()),
+        max_hu=float(hu.max()),
+        max_probability=float(prob[s, r, c].max()),
+        side=_side(idx, lungs),
+        slices=(int(s.min()), int(s.max())),
+        voxels=len(idx),
+        voxel_index=idx,
+    )
+
+
+def axial_diameters(idx: NDArray[np.intp], volume: Volume) -> tuple[float, float]:
+    """Long and short axis (mm) as radiologists measure: on the slice where the long axis is
+    longest, the longest in-plane chord, and the longest chord perpendicular to it."""
+    best = (0.0, 0.0)
+    for k in np.unique(idx[:, 0]):
+        points = _slice_points_mm(idx[idx[:, 0] == k], volume)
+        long_axis, short_axis = _axes(points)
+        if long_axis > best[0]:
+            best = (long_axis, short_axis)
+    return best
+
+
+def _slice_points_mm(idx: NDArray[np.intp], volume: Volume) -> NDArray[np.float64]:
+    """Corners of each voxel in-plane (mm), so a one-voxel lesion measures one voxel across."""
+    dx, dy = volume.spacing_mm[0], volume.spacing_mm[1]
+    centres = np.stack([idx[:, 2] * dx, idx[:, 1] * dy], axis=1).astype(np.float64)
+    offsets = np.array([[-dx, -dy], [dx, -dy], [-dx, dy], [dx, dy]]) / 2.0
+    corners = (centres[:, None, :] + offsets[None, :, :]).reshape(-1, 2)
+    return _hull(corners)
+
+
+def _hull(points: NDArray[np.float64]) -> NDArray[np.float64]:
+    """Convex hull vertices (monotone chain); diameters only depend on the hull."""
+    pts = np.unique(points, axis=0)
+    if len(pts) < 3:
+        return pts
+
+    def half(seq: NDArray[np.float64]) -> list[NDArray[np.float64]]:
+        out: list[NDArray[np.float64]] = []
+        for p in seq:
+            while len(out) >= 2 and _cross(out[-2], out[-1], p) <= 0:
+                out.pop()
+            out.append(p)
+        return out
+
+    lower, upper = half(pts), half(pts[::-1])
+    return np.array(lower[:-1] + upper[:-1])
+
+
+def _cross(o: NDArray[np.float64], a: NDArray[np.float64], b: NDArray[np.float64]) -> float:
+    return float((a[0] - o[0]) * (b[1] - o[1]) - (a[1] - o[1]) * (b[0] - o[0]))
+
+
+def _axes(hull: NDArray[np.float64]) -> tuple[float, float]:
+    if len(hull) < 2:
+        return 0.0, 0.0
+    diff = hull[:, None, :] - hull[None, :, :]
+    dist = np.hypot(diff[..., 0], diff[..., 1])
+    i, j = np.unravel_index(int(dist.argmax()), dist.shape)
+    long_axis = float(dist[i, j])
+    direction = (hull[j] - hull[i]) / long_axis
+    normal = np.array([-direction[1], direction[0]])
+    return long_axis, _longest_chord(hull @ direction, hull @ normal)
+
+
+def _longest_chord(u: NDArray[np.float64], v: NDArray[np.float64]) -> float:
+    """Longest chord of a convex polygon along v, i.e. perpendicular to the u axis.
+
+    The chord length is concave in u, so its maximum lies at one of the vertices' u.
+    """
+    best = 0.0
+    u2, v2 = np.roll(u, -1), np.roll(v, -1)
+    for t in u:
+        crosses = (np.minimum(u, u2) <= t) & (t <= np.maximum(u, u2))
+        span = u2 - u
+        flat = crosses & (np.abs(span) < 1e-12)
+        steep = crosses & ~flat
+        at = v[steep] + (t - u[steep]) * (v2[steep] - v[steep]) / span[steep]
+        values = np.concatenate([at, v[flat], v2[flat]])
+        if values.size:
+            best = max(best, float(values.max() - values.min()))
+    return best
+
+
+def _side(idx: NDArray[np.intp], lungs: NDArray[np.uint8]) -> str:
+    values = lungs[idx[:, 0], idx[:, 1], idx[:, 2]]
+    counts = {side: int((values == v).sum()) for v, side in SIDES.items()}
+    if not any(counts.values()):
+        return _nearest_side(idx, lungs)
+    return max(counts, key=lambda k: counts[k])
+
+
+def _nearest_side(idx: NDArray[np.intp], lungs: NDArray[np.uint8]) -> str:
+    """A lesion outside both lung masks (e.g. on the pleura) takes the side of the nearer lung."""
+    centre = idx.mean(axis=0)
+    best, side = np.inf, ""
+    for value, name in SIDES.items():
+        where = np.argwhere(lungs[round(float(centre[0]))] == value)
+        if where.size:
+            d = float(np.min(np.hypot(*(where - centre[1:]).T)))
+            if d < best:
+                best, side = d, name
+    return side
+
+
+def organ_volumes_ml(labels: NDArray[np.uint8], volume: Volume) -> dict[str, float]:
+    """Volume of each lung in mL."""
+    return {
+        f"{side} lung": float((labels == value).sum() * volume.voxel_volume_ml)
+        for value, side in SIDES.items()
+    }
