@@ -1,18 +1,24 @@
-"""Takes a volume and the loaded models and gives label maps, lesions, organ volumes and timings."""
+"""Takes a study's files and the loaded models; gives label maps, lesions, volumes, timings."""
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
 import numpy as np
+import SimpleITK as sitk
 from numpy.typing import NDArray
 
-from imaging_ai.errors import ModelError
+from imaging_ai.config import EnginesConfig
+from imaging_ai.errors import ModelError, UnsupportedInput
 from imaging_ai.infer.base import Engine
-from imaging_ai.modelcard import ModelCard
+from imaging_ai.infer.ort import OrtOptions
+from imaging_ai.infer.select import load_engine, make_backend
+from imaging_ai.modelcard import ModelCard, discover_models
 from imaging_ai.postprocess import (
     LEFT_LUNG,
     LESION,
@@ -23,7 +29,7 @@ from imaging_ai.postprocess import (
     segment_labels,
 )
 from imaging_ai.preprocess import PreprocessSpec, prepare_slices, resize_back
-from imaging_ai.volume import Volume
+from imaging_ai.volume import Volume, group_series, load_series, pick_series
 
 RIGHT_LUNG_CODE = "3341006"
 LEFT_LUNG_CODE = "44029006"
@@ -141,3 +147,68 @@ def analyse(volume: Volume, lungs_model: LoadedModel, nodule_model: LoadedModel)
 
 def _model_id(card: ModelCard) -> dict[str, str]:
     return {"name": card.name, "version": card.version, "sha256": card.sha256}
+
+
+@dataclass(frozen=True)
+class Models:
+    """The two models the analysis uses, loaded on the selected backend."""
+
+    lungs: LoadedModel
+    nodules: LoadedModel
+    backend: str
+
+
+def load_models(config: EnginesConfig, data_dir: Path) -> Models:
+    """Discover and validate every model folder, then load the two the analysis needs.
+
+    Raises
+    ------
+    ModelError
+        A card is invalid, does not match its ONNX, or a configured model is missing.
+    """
+    cards = {card.name: card for card in discover_models(Path(config.dir))}
+    missing = [n for n in (config.lung_model, config.nodule_model) if n not in cards]
+    if missing:
+        raise ModelError(
+            f"model(s) {', '.join(missing)} not found in engines.dir {config.dir}; "
+            f"found: {', '.join(sorted(cards)) or 'none'}"
+        )
+    threads = config.cpu_threads
+    cpu = OrtOptions(intra_op_threads=threads, max_batch_size=config.max_batch_size)
+    gpu = replace(cpu, precision="fp16" if config.precision == "fp16" else "fp32")
+    backend = make_backend(config.backend, data_dir, ort_cpu=cpu, ort_gpu=gpu)
+
+    def load(name: str) -> LoadedModel:
+        card = cards[name]
+        return LoadedModel(card, load_engine(backend, card, cpu=cpu))
+
+    return Models(load(config.lung_model), load(config.nodule_model), backend.name)
+
+
+def analyse_study(files: list[Path], models: Models) -> Analysis:
+    """Pick the study's CT series, build its volume and analyse it."""
+    t = time.perf_counter()
+    series = group_series(files)
+    if not series:
+        raise UnsupportedInput("no DICOM image series in the study")
+    volume = load_series(series[pick_series(series)])
+    loaded = time.perf_counter() - t
+    result = analyse(volume, models.lungs, models.nodules)
+    return replace(result, timings_s={"load": loaded, **result.timings_s})
+
+
+def write_outputs(analysis: Analysis, out: Path) -> None:
+    """Write ``labels.nii.gz`` (in the source geometry) and ``findings.json``."""
+    out.mkdir(parents=True, exist_ok=True)
+    v = analysis.volume
+    image = sitk.GetImageFromArray(analysis.labels)
+    # SimpleITK's wrappers carry no annotations.
+    image.SetSpacing(v.spacing_mm)  # type: ignore[no-untyped-call]
+    image.SetOrigin(v.origin_mm)  # type: ignore[no-untyped-call]
+    image.SetDirection(tuple(float(x) for x in v.direction.ravel()))  # type: ignore[no-untyped-call]
+    sitk.WriteImage(image, str(out / "labels.nii.gz"), useCompression=True)
+    findings = {
+        **analysis.findings_json(),
+        "labels": {"1": "right lung", "2": "left lung", "3": "lesion"},
+    }
+    (out / "findings.json").write_text(json.dumps(findings, indent=2) + "\n")

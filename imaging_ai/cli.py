@@ -6,10 +6,11 @@ import argparse
 import logging
 import sys
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 
 from imaging_ai import __version__
-from imaging_ai.config import Config, load_config
+from imaging_ai.config import BACKENDS, Config, load_config
 from imaging_ai.errors import ImagingAIError
 
 log = logging.getLogger("imaging_ai")
@@ -60,6 +61,38 @@ def cmd_phantom(args: argparse.Namespace) -> int:
     return run(args)
 
 
+def cmd_infer(args: argparse.Namespace) -> int:
+    """Analyse one study folder and write labels.nii.gz and findings.json."""
+    from imaging_ai.analyse import analyse_study, load_models, write_outputs
+
+    config = _config(args)
+    setup_logging(config.logging.level)
+    engines = config.engines
+    if args.engines_dir:
+        engines = replace(engines, dir=str(args.engines_dir))
+    if args.backend:
+        engines = replace(engines, backend=args.backend)
+    models = load_models(engines, Path(config.storage.data_dir))
+    files = sorted(p for p in Path(args.study_dir).rglob("*") if p.is_file())
+    analysis = analyse_study(files, models)
+    write_outputs(analysis, Path(args.out))
+    sizes = ", ".join(f"{lesion.long_axis_mm:.1f} mm" for lesion in analysis.lesions)
+    seconds = sum(analysis.timings_s.values())
+    print(
+        f"{len(analysis.lesions)} lesion(s) [{sizes}] in {analysis.volume.hu.shape[0]} slices, "
+        f"{seconds:.1f} s on {models.backend}; wrote {args.out}/labels.nii.gz and findings.json"
+    )
+    return 0
+
+
+def cmd_build_engines(args: argparse.Namespace) -> int:
+    """Build TensorRT engines ahead of time."""
+    from imaging_ai.infer.cli import run
+
+    setup_logging("INFO")
+    return run(args)
+
+
 def cmd_bench_ingest(args: argparse.Namespace) -> int:
     """Benchmark ingest against DCMTK storescp."""
     from imaging_ai.bench.ingest import run
@@ -89,6 +122,20 @@ def build_parser() -> argparse.ArgumentParser:
     phantom = sub.add_parser("phantom", help="write a synthetic chest CT study")
     phantom_arguments(phantom)
     phantom.set_defaults(func=cmd_phantom)
+
+    infer = sub.add_parser("infer", help="analyse one study folder (labels.nii.gz, findings.json)")
+    infer.add_argument("study_dir", type=Path, help="folder of the study's DICOM files")
+    infer.add_argument("--out", type=Path, required=True, help="output folder")
+    infer.add_argument("--config", help="TOML configuration file ([engines] is used)")
+    infer.add_argument("--engines-dir", type=Path, help="folder of model folders")
+    infer.add_argument("--backend", choices=BACKENDS, help="force an inference backend")
+    infer.set_defaults(func=cmd_infer)
+
+    from imaging_ai.infer.cli import add_arguments as build_arguments
+
+    build = sub.add_parser("build-engines", help="build TensorRT engines ahead of time")
+    build_arguments(build)
+    build.set_defaults(func=cmd_build_engines)
 
     bench = sub.add_parser("bench", help="benchmarks")
     bench_sub = bench.add_subparsers(dest="bench_command", required=True)

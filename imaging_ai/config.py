@@ -132,6 +132,22 @@ class HttpConfig:
     tokens: tuple[Token, ...] = ()
 
 
+BACKENDS = ("auto", "tensorrt", "onnxruntime-cuda", "onnxruntime-cpu")
+
+
+@dataclass(frozen=True)
+class EnginesConfig:
+    """Models and how to run them."""
+
+    dir: str = "engines"
+    backend: str = "auto"
+    cpu_threads: int = 0
+    max_batch_size: int = 32
+    precision: str = "fp16"
+    lung_model: str = "lung-seg"
+    nodule_model: str = "nodule-det"
+
+
 @dataclass(frozen=True)
 class LoggingConfig:
     """Log level and format."""
@@ -148,6 +164,7 @@ class Config:
     priority: PriorityConfig = field(default_factory=PriorityConfig)
     storage: StorageConfig = field(default_factory=StorageConfig)
     http: HttpConfig = field(default_factory=HttpConfig)
+    engines: EnginesConfig = field(default_factory=EnginesConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
 
 
@@ -202,6 +219,7 @@ _SECTIONS: dict[str, type] = {
     "priority": PriorityConfig,
     "storage": StorageConfig,
     "http": HttpConfig,
+    "engines": EnginesConfig,
     "logging": LoggingConfig,
 }
 
@@ -332,6 +350,7 @@ def _validate(config: Config) -> None:
     _validate_dicom(config.dicom)
     _validate_http(config.http)
     _validate_priority(config.priority)
+    _validate_engines(config.engines)
     a = config.assemble
     for name in ("series_idle_s", "study_idle_s", "force_complete_s", "poll_s"):
         if getattr(a, name) <= 0:
@@ -398,6 +417,19 @@ def _validate_http(h: HttpConfig) -> None:
         if token.name in names:
             raise ConfigError(f"http.tokens[{i}].name {token.name!r} is used twice")
         names.add(token.name)
+
+
+def _validate_engines(e: EnginesConfig) -> None:
+    if e.backend not in BACKENDS:
+        raise ConfigError(
+            f"engines.backend must be one of {', '.join(BACKENDS)}, got {e.backend!r}"
+        )
+    if e.precision not in ("fp32", "fp16"):
+        raise ConfigError(f"engines.precision must be fp32 or fp16, got {e.precision!r}")
+    if e.cpu_threads < 0:
+        raise ConfigError(f"engines.cpu_threads must be >= 0, got {e.cpu_threads}")
+    if not 1 <= e.max_batch_size <= 1024:
+        raise ConfigError(f"engines.max_batch_size must be 1-1024, got {e.max_batch_size}")
 
 
 def _validate_priority(p: PriorityConfig) -> None:

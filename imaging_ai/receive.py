@@ -332,6 +332,7 @@ class _ReusePortServer(ThreadedAssociationServer):
     """An association server that shares its port with the daemon's other receivers."""
 
     def server_bind(self) -> None:
+        assert self.socket is not None
         self.socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
         super().server_bind()
 
