@@ -5,9 +5,10 @@ from __future__ import annotations
 import logging
 import multiprocessing
 import socket
+import socketserver
 import ssl
-import tempfile
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -27,15 +28,21 @@ from pydicom.uid import (
     JPEGLSLossless,
     RLELossless,
 )
-from pynetdicom import AE, _config, evt
+from pynetdicom.presentation import PresentationContext, build_context
 from pynetdicom.sop_class import (  # type: ignore[attr-defined]
     CTImageStorage,
     EnhancedCTImageStorage,
     Verification,
 )
-from pynetdicom.transport import ThreadedAssociationServer
 from sqlalchemy.exc import SQLAlchemyError
 
+from imaging_ai.association import (
+    REJECT_BUSY,
+    REJECT_CALLED_AE,
+    REJECT_CALLING_AE,
+    Association,
+    Peer,
+)
 from imaging_ai.catalog import Catalog, InstanceMeta, meta_from_dataset
 from imaging_ai.config import DicomConfig
 from imaging_ai.errors import InvalidDataset, SOPClassMismatch, StartupError, StorageError
@@ -52,9 +59,6 @@ UNCOMPRESSED_SYNTAXES = (
 )
 LOSSLESS_SYNTAXES = (JPEGLSLossless, JPEG2000Lossless, RLELossless, JPEGLosslessSV1)
 
-# pynetdicom's reader sleeps this long whenever a poll finds nothing (default 1 ms);
-# each image crosses several polls, so a shorter sleep is most of a single association's rate.
-DUL_LOOP_DELAY_S = 0.00005
 # DICOM PS3.4 Annex B status codes for the Storage service class.
 STATUS_SUCCESS = 0x0000
 STATUS_OUT_OF_RESOURCES = 0xA700
@@ -62,8 +66,6 @@ STATUS_SOP_CLASS_MISMATCH = 0xA900
 STATUS_CANNOT_UNDERSTAND = 0xC000
 PIXEL_DATA_TAG = 0x7FE00010
 UNDEFINED_LENGTH = 0xFFFFFFFF
-# A-ASSOCIATE-RJ (result, source, diagnostic): rejected-permanent, service-user.
-REJECT_CALLING_AE = (0x01, 0x01, 0x03)
 
 
 class ReceiverStats:
@@ -138,7 +140,11 @@ def _error_comment(exc: BaseException) -> str:
 
 
 class Receiver:
-    """The storage SCP: whitelist, C-ECHO, C-STORE into the spool and catalog."""
+    """The storage SCP: whitelist, C-ECHO, C-STORE into the spool and catalog.
+
+    Each association runs in its own thread (:class:`~imaging_ai.association.Association`);
+    ``admit`` and ``store`` are the interventions whose answers go back to the peer.
+    """
 
     def __init__(
         self,
@@ -152,24 +158,15 @@ class Receiver:
         self.spool = spool
         self.catalog = catalog
         self.routing_tags = routing_tags
-        self.observers: list[Callable[[StoredInstance], None]] = []
-        self.ae = self._make_ae()
-        self._server: Any = None
         self.stats = stats or ReceiverStats()
-
-    def _make_ae(self) -> AE:
-        ae = AE(ae_title=self.config.ae_title)
-        ae.require_called_aet = True
-        ae.maximum_pdu_size = self.config.max_pdu
-        ae.maximum_associations = self.config.max_associations
-        ae.network_timeout = self.config.network_timeout_s
-        ae.dimse_timeout = self.config.network_timeout_s
-        ae.acse_timeout = self.config.network_timeout_s
-        syntaxes = accepted_transfer_syntaxes()
-        for sop_class in STORAGE_SOP_CLASSES:
-            ae.add_supported_context(sop_class, syntaxes)
-        ae.add_supported_context(Verification)
-        return ae
+        self.observers: list[Callable[[StoredInstance], None]] = []
+        self.ae_title = config.ae_title
+        self.max_pdu = config.max_pdu
+        self.tmp_dir = spool.tmp_dir
+        self.contexts = supported_contexts()
+        self._server: _Server | None = None
+        self._active = 0
+        self._active_lock = threading.Lock()
 
     def start(self, reuse_port: bool = False) -> None:
         """Open the port; refuse to start with a hint if it cannot be bound.
@@ -177,41 +174,18 @@ class Receiver:
         With ``reuse_port`` several receiver processes listen on the same port and the
         kernel spreads associations over them (SO_REUSEPORT).
         """
-        handlers: list[Any] = [
-            (evt.EVT_CONN_OPEN, self._on_conn_open),
-            (evt.EVT_CONN_CLOSE, self._on_conn_close),
-            (evt.EVT_REQUESTED, self._on_requested),
-            (evt.EVT_C_ECHO, self._on_echo),
-            (evt.EVT_C_STORE, self._on_store),
-        ]
-        address = (self.config.bind, self.config.port)
-        # pynetdicom then writes each dataset to a temporary file as its fragments arrive,
-        # on the spool's filesystem, so the handler only fsyncs and renames it. Both
-        # settings are process-wide: the daemon owns its process.
-        _config.STORE_RECV_CHUNKED_DATASET = True
-        tempfile.tempdir = str(self.spool.tmp_dir)
-        server_class = _ReusePortServer if reuse_port else ThreadedAssociationServer
         try:
-            server = self.ae.make_server(
-                address,
-                evt_handlers=handlers,
-                ssl_context=self._ssl_context(),
-                server_class=server_class,
-            )
+            self._server = _Server(self, reuse_port)
         except OSError as exc:
             raise StartupError(
                 f"cannot listen for DICOM on {self.config.bind}:{self.config.port}: "
                 f"{exc.strerror}; change dicom.port or stop the other program"
             ) from exc
-        self._server = server
-        # As AE.start_server does: the server removes itself from this list on shutdown.
-        self.ae._servers.append(server)
-        threading.Thread(target=server.serve_forever, name="dicom-acceptor", daemon=True).start()
+        threading.Thread(
+            target=self._server.serve_forever, name="dicom-acceptor", daemon=True
+        ).start()
         log.info(
-            "DICOM storage SCP %s listening on %s:%d",
-            self.config.ae_title,
-            self.config.bind,
-            self.port,
+            "DICOM storage SCP %s listening on %s:%d", self.ae_title, self.config.bind, self.port
         )
 
     @property
@@ -219,17 +193,24 @@ class Receiver:
         """The bound port (useful when configured as 0)."""
         return int(self._server.server_address[1]) if self._server else self.config.port
 
-    def stop(self) -> None:
-        """Stop accepting associations and wait for the open ones to end."""
-        if self._server is not None:
-            self._server.shutdown()
-            self._server = None
+    def stop(self, grace_s: float = 30.0) -> None:
+        """Stop accepting associations; give open ones ``grace_s`` to finish."""
+        if self._server is None:
+            return
+        self._server.shutdown()
+        self._server.server_close()
+        self._server = None
+        deadline = time.monotonic() + grace_s
+        while self.active_associations() and time.monotonic() < deadline:
+            time.sleep(0.05)
 
     def active_associations(self) -> int:
-        """Number of associations open now."""
-        return len(self.ae.active_associations)
+        """Number of associations open now in this process."""
+        with self._active_lock:
+            return self._active
 
-    def _ssl_context(self) -> ssl.SSLContext | None:
+    def ssl_context(self) -> ssl.SSLContext | None:
+        """The TLS context for accepted connections, if TLS is configured."""
         if not self.config.tls_cert:
             return None
         context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
@@ -239,17 +220,18 @@ class Receiver:
             context.verify_mode = ssl.CERT_REQUIRED
         return context
 
-    def _on_conn_close(self, event: Any) -> None:
-        self.stats.add(active=-1)
+    def serve_connection(self, sock: socket.socket, address: str) -> None:
+        """Run one association on an accepted connection (in its own thread)."""
+        self._count(1)
+        try:
+            Association(sock, address, self).run()
+        finally:
+            self._count(-1)
 
-    def _on_conn_open(self, event: Any) -> None:
-        self.stats.add(active=1)
-        # DCMTK writes each PDU header and body separately; without TCP_NODELAY every
-        # response waits for a delayed ACK (~40 ms per image).
-        event.assoc.dul._run_loop_delay = DUL_LOOP_DELAY_S
-        sock = event.assoc.dul.socket.socket
-        if sock is not None:
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    def _count(self, delta: int) -> None:
+        with self._active_lock:
+            self._active += delta
+        self.stats.add(active=delta)
 
     def is_allowed(self, calling_ae: str, address: str) -> bool:
         """Deny by default: only a configured (AE title, host) pair may associate."""
@@ -258,62 +240,64 @@ class Receiver:
             for c in self.config.allowed_callers
         )
 
-    def _on_requested(self, event: Any) -> None:
-        assoc = event.assoc
-        calling = assoc.requestor.primitive.calling_ae_title.strip()
-        address = assoc.requestor.address
-        if self.is_allowed(calling, address):
-            return
+    def admit(self, peer: Peer) -> tuple[int, int, int] | None:
+        """Accept (None) or the reason to reject an association request."""
+        if peer.called_ae != self.ae_title:
+            reason, rejection = "called AE title is not ours", REJECT_CALLED_AE
+        elif not self.is_allowed(peer.calling_ae, peer.address):
+            reason, rejection = "calling AE is not allowed", REJECT_CALLING_AE
+        elif self.active_associations() > self.config.max_associations:
+            reason, rejection = "too many associations", REJECT_BUSY
+        else:
+            return None
         self.stats.add(refused=1)
-        log.warning("association refused: calling AE %r from %s is not allowed", calling, address)
-        assoc.acse.send_reject(*REJECT_CALLING_AE)
-        assoc.is_rejected = True
-        evt.trigger(assoc, evt.EVT_REJECTED, {})
-        assoc.kill()
+        log.warning(
+            "association refused (%s): calling AE %r, called AE %r, from %s",
+            reason,
+            peer.calling_ae,
+            peer.called_ae,
+            peer.address,
+        )
+        return rejection
 
-    def _on_echo(self, event: Any) -> int:
-        return STATUS_SUCCESS
-
-    def _on_store(self, event: Any) -> int | Dataset:
+    def store(self, path: Path, command: Dataset, syntax: str, peer: Peer) -> Dataset:
+        """Keep a received dataset file; the one place exceptions become C-STORE statuses."""
         try:
-            stored = self._store(event)
+            stored = self._store(path, command, syntax, peer)
         except Exception as exc:
             status = store_status(exc)
-            level = logging.ERROR if not isinstance(exc, InvalidDataset) else logging.WARNING
+            expected = isinstance(exc, InvalidDataset | StorageError)
             log.log(
-                level,
+                logging.WARNING if isinstance(exc, InvalidDataset) else logging.ERROR,
                 "C-STORE refused with status 0x%04X: %s",
                 status.Status,
                 exc,
-                exc_info=not isinstance(exc, InvalidDataset | StorageError),
+                exc_info=not expected,
             )
             return status
         self._notify(stored)
-        return STATUS_SUCCESS
+        ok = Dataset()
+        ok.Status = STATUS_SUCCESS
+        return ok
 
-    def _store(self, event: Any) -> StoredInstance:
+    def _store(self, path: Path, command: Dataset, syntax: str, peer: Peer) -> StoredInstance:
         self.spool.ensure_space()
-        meta = self._meta(event)
-        if meta.sop_class_uid != str(event.request.AffectedSOPClassUID):
+        meta = self._meta(path, syntax, peer.calling_ae)
+        if meta.sop_class_uid != str(command.get("AffectedSOPClassUID", "")):
             raise SOPClassMismatch("dataset SOP Class UID differs from the C-STORE request")
-        spooled = self.spool.adopt(
-            Path(event.dataset_path), meta.study_uid, meta.series_uid, meta.sop_uid
-        )
+        spooled = self.spool.adopt(path, meta.study_uid, meta.series_uid, meta.sop_uid)
         at = datetime.now(UTC)
         late = self.catalog.record(meta, spooled.relative, spooled.size_bytes, at)
         if late:
             log.warning("late instance kept and flagged for an already completed study")
         return StoredInstance(meta, spooled.relative, spooled.size_bytes, late, at)
 
-    def _meta(self, event: Any) -> InstanceMeta:
-        calling = event.assoc.requestor.ae_title.strip()
-        syntax = str(event.context.transfer_syntax)
-        path = Path(event.dataset_path)
+    def _meta(self, path: Path, syntax: str, calling_ae: str) -> InstanceMeta:
         try:
             # Values over 1 KB (Pixel Data) are not read, only located.
             ds = dcmread(path, defer_size=1024)
             _check_pixel_data_complete(ds, path)
-            return meta_from_dataset(ds, syntax, calling, self.routing_tags)
+            return meta_from_dataset(ds, syntax, calling_ae, self.routing_tags)
         except InvalidDataset:
             raise
         except Exception as exc:
@@ -328,13 +312,51 @@ class Receiver:
                 log.exception("observer %r failed on a stored instance", observer)
 
 
-class _ReusePortServer(ThreadedAssociationServer):
-    """An association server that shares its port with the daemon's other receivers."""
+def supported_contexts() -> list[PresentationContext]:
+    """CT and Enhanced CT storage with every usable syntax, and Verification."""
+    syntaxes: list[str | UID] = list(accepted_transfer_syntaxes())
+    contexts = [build_context(sop_class, syntaxes) for sop_class in STORAGE_SOP_CLASSES]
+    return [*contexts, build_context(Verification)]
+
+
+class _Server(socketserver.ThreadingTCPServer):
+    """Accepts connections and runs each association in a daemon thread."""
+
+    daemon_threads = True
+    allow_reuse_address = True
+    request_queue_size = 64
+
+    def __init__(self, receiver: Receiver, reuse_port: bool) -> None:
+        self.receiver = receiver
+        self.reuse_port = reuse_port
+        self.tls = receiver.ssl_context()
+        if ":" in receiver.config.bind:
+            self.address_family = socket.AF_INET6
+        super().__init__((receiver.config.bind, receiver.config.port), _Handler)
 
     def server_bind(self) -> None:
-        assert self.socket is not None
-        self.socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        if self.reuse_port:
+            # Several receiver processes share the port; the kernel spreads associations.
+            self.socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
         super().server_bind()
+
+
+class _Handler(socketserver.BaseRequestHandler):
+    def handle(self) -> None:
+        server = self.server
+        assert isinstance(server, _Server)
+        sock: socket.socket = self.request
+        # DCMTK writes each PDU header and body separately; without TCP_NODELAY every
+        # response waits for a delayed ACK (~40 ms per image).
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock.settimeout(server.receiver.config.network_timeout_s)
+        if server.tls is not None:
+            try:
+                sock = server.tls.wrap_socket(sock, server_side=True)
+            except (ssl.SSLError, OSError) as exc:
+                log.warning("TLS handshake with %s failed: %s", self.client_address[0], exc)
+                return
+        server.receiver.serve_connection(sock, str(self.client_address[0]))
 
 
 def _check_pixel_data_complete(ds: Dataset, path: Path) -> None:

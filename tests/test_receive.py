@@ -6,7 +6,6 @@ import os
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
-from types import SimpleNamespace
 
 import pydicom
 import pytest
@@ -16,6 +15,7 @@ from pynetdicom.sop_class import CTImageStorage, MRImageStorage, Verification  #
 from sqlalchemy import Engine, select
 from sqlalchemy.orm import Session
 
+from imaging_ai.association import Peer
 from imaging_ai.catalog import Catalog
 from imaging_ai.config import AllowedCaller, DicomConfig
 from imaging_ai.db.models import Instance, Study
@@ -151,13 +151,9 @@ def test_garbage_bytes_are_refused(receiver: Receiver, tmp_path: Path) -> None:
     garbage = tmp_path / "garbage.dcm"
     header = ct_series(tmp_path / "src", slices=1)[0].read_bytes()[:400]
     garbage.write_bytes(header + bytes(range(256)) * 4)
-    event = SimpleNamespace(
-        dataset_path=garbage,
-        context=SimpleNamespace(transfer_syntax="1.2.840.10008.1.2.1"),
-        assoc=SimpleNamespace(requestor=SimpleNamespace(ae_title="PACS")),
-        request=SimpleNamespace(AffectedSOPClassUID=CTImageStorage),
-    )
-    status = receiver._on_store(event)
+    command = pydicom.Dataset()
+    command.AffectedSOPClassUID = CTImageStorage
+    status = receiver.store(garbage, command, "1.2.840.10008.1.2.1", Peer("PACS", CALLED, "::1"))
     assert isinstance(status, pydicom.Dataset)
     assert status.Status == 0xC000
     assert list(receiver.spool.walk()) == []
