@@ -40,7 +40,11 @@ def send_until_killed(files: list[Path], port: int, daemon: DaemonProcess) -> li
     killer = threading.Timer(0, daemon.kill)
     for path in files:
         ds = pydicom.dcmread(path)
-        if len(acknowledged) == KILL_AFTER:
+        if (
+            len(acknowledged) == KILL_AFTER
+            and not killer.is_alive()
+            and not killer.finished.is_set()
+        ):
             # Kill while the next C-STORE is on the wire.
             killer.start()
         status = assoc.send_c_store(ds)

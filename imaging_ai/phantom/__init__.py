@@ -1,0 +1,26 @@
+"""Synthetic chest CT phantoms: take a :class:`PhantomSpec`, give HU volumes, truth and DICOM.
+
+>>> vol = generate(PhantomSpec(slices=40, seed=7, nodules=2))   # doctest: +SKIP
+>>> write_study(vol, "out", priority="urgent")                  # doctest: +SKIP
+
+Patient coordinates are DICOM LPS in mm (+x patient left, +y posterior, +z head); slices run from
+head to feet, so index 0 is the most superior image (InstanceNumber 1).
+"""
+
+from imaging_ai.phantom.dicom import PRIORITIES, Priority, default_accession, write_study
+from imaging_ai.phantom.generate import Geometry, PhantomVolume, generate
+from imaging_ai.phantom.nodules import Nodule
+from imaging_ai.phantom.spec import PATIENT_SIZES, PhantomSpec
+
+__all__ = [
+    "PATIENT_SIZES",
+    "PRIORITIES",
+    "Geometry",
+    "Nodule",
+    "PhantomSpec",
+    "PhantomVolume",
+    "Priority",
+    "default_accession",
+    "generate",
+    "write_study",
+]
