@@ -47,7 +47,10 @@ def send_until_killed(files: list[Path], port: int, daemon: DaemonProcess) -> li
         ):
             # Kill while the next C-STORE is on the wire.
             killer.start()
-        status = assoc.send_c_store(ds)
+        try:
+            status = assoc.send_c_store(ds)
+        except RuntimeError:  # the association died between two sends
+            break
         if status and status.Status == 0x0000:
             acknowledged.append(str(ds.SOPInstanceUID))
         if not assoc.is_established:
