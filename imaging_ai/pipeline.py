@@ -15,12 +15,15 @@ from types import FrameType
 import uvicorn
 
 from imaging_ai import __version__
+from imaging_ai.analyse import load_models
 from imaging_ai.assemble import Assembler, routing_tags
 from imaging_ai.catalog import Catalog
 from imaging_ai.config import Config
 from imaging_ai.db.session import make_engine, session_factory, upgrade, utcnow
 from imaging_ai.errors import OutOfResources, StartupError
+from imaging_ai.process import Processor
 from imaging_ai.receive_pool import ReceiverPool, receiver_count
+from imaging_ai.schedule import Scheduler
 from imaging_ai.spool import Spool
 from imaging_ai.web.app import WebContext, create_app, database_ready
 from imaging_ai.web.auth import TokenStore
@@ -39,9 +42,10 @@ class _Server(uvicorn.Server):
 class Daemon:
     """The imaging-ai daemon on one node.
 
-    Shutdown order: stop accepting associations, stop assembly, stop HTTP, close
-    the database. Everything answered Success is already durable, so a hard stop
-    loses nothing; a second SIGTERM forces an immediate exit.
+    Shutdown order: stop accepting associations, stop assembly, finish the study in
+    hand (or give it back to the queue), stop HTTP, close the database. Everything
+    answered Success is already durable, so a hard stop loses nothing; a second SIGTERM
+    forces an immediate exit.
     """
 
     def __init__(self, config: Config) -> None:
@@ -54,6 +58,9 @@ class Daemon:
         self.routing_tags = routing_tags(config.priority.rules)
         self.receivers = ReceiverPool(config)
         self.assembler = Assembler(self.sessions, config.assemble, config.priority, self.started_at)
+        self.node = f"{socket.gethostname()}:{os.getpid()}"
+        self.scheduler = Scheduler(self.sessions, self.node, config.priority)
+        self.processor: Processor | None = None
         self.http: _Server | None = None
         self._stopping = threading.Event()
 
@@ -74,6 +81,13 @@ class Daemon:
                 f"cannot create storage.data_dir {data_dir}: {exc.strerror}"
             ) from exc
         upgrade(self.engine)
+        models = load_models(self.config.engines, data_dir)
+        log.info(
+            "models %s on %s",
+            ", ".join(f"{m.card.name} {m.card.version}" for m in (models.lungs, models.nodules)),
+            models.backend,
+        )
+        self.processor = Processor(self.sessions, self.scheduler, models, self.spool.root)
         # Receivers share their port (SO_REUSEPORT), so a second daemon could bind it too:
         # a plain bind first makes "port in use" a start-up error instead.
         _check_port_free("dicom", self.config.dicom.bind, self.config.dicom.port)
@@ -85,6 +99,7 @@ class Daemon:
             )
         self.receivers.start()
         self.assembler.start()
+        self.processor.start()
 
     def readiness(self) -> dict[str, str]:
         """Checks behind /readyz."""
@@ -136,6 +151,8 @@ class Daemon:
         """Finish the shutdown after serving has stopped."""
         self.receivers.stop()
         self.assembler.stop()
+        if self.processor is not None:
+            self.processor.stop()
         self.engine.dispose()
         log.info("imaging-ai stopped")
 

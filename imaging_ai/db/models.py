@@ -130,6 +130,32 @@ class Job(Base):
     attempts: Mapped[int] = mapped_column(Integer, default=0)
     error: Mapped[str] = mapped_column(Text, default="")
     timings: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    notes: Mapped[list[str]] = mapped_column(JSON, default=list)
+
+
+class Report(Base):
+    """What the models found in a study: findings, organ volumes, model versions."""
+
+    __tablename__ = "reports"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    study_id: Mapped[int] = mapped_column(ForeignKey("studies.id"), unique=True)
+    job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id"))
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime())
+    status: Mapped[str] = mapped_column(String(16), default="preliminary")
+    impression: Mapped[str] = mapped_column(Text, default="")
+    findings: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+
+
+class ClassControl(Base):
+    """A priority class paused or resumed by an administrator (shared by every node)."""
+
+    __tablename__ = "class_controls"
+
+    priority: Mapped[str] = mapped_column(String(16), primary_key=True)
+    paused: Mapped[bool] = mapped_column(Boolean, default=False)
+    changed_at: Mapped[datetime] = mapped_column(UTCDateTime())
+    changed_by: Mapped[str] = mapped_column(String(100), default="")
 
 
 class AuditEvent(Base):

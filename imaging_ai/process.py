@@ -1,0 +1,180 @@
+"""Takes claimed jobs and gives reports: runs each study's analysis and records the outcome."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from datetime import datetime
+from pathlib import Path
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session, sessionmaker
+
+from imaging_ai.analyse import Analysis, Models, analyse_study
+from imaging_ai.db.models import Instance, Job, Report, Series, Study
+from imaging_ai.db.session import utcnow
+from imaging_ai.errors import InvalidDataset, UnsupportedInput
+from imaging_ai.schedule import Claim, Scheduler
+
+log = logging.getLogger(__name__)
+
+MAX_ATTEMPTS = 3
+# Input problems are the study's, not the daemon's: retrying cannot help.
+PERMANENT = (UnsupportedInput, InvalidDataset)
+
+
+def impression(analysis: Analysis) -> str:
+    """One plain sentence for RIS and people; marked as AI-generated and preliminary."""
+    lesions = analysis.lesions
+    if not lesions:
+        found = "No lung nodule detected."
+    else:
+        largest = max(lesions, key=lambda lesion: lesion.long_axis_mm)
+        found = (
+            f"{len(lesions)} lung nodule(s) detected; largest {largest.long_axis_mm:.1f} mm "
+            f"in the {largest.side or 'unknown'} lung."
+        )
+    return f"{found} AI-generated preliminary result; requires review by a radiologist."
+
+
+class Processor:
+    """Claims jobs one at a time and runs them; one thread per node for now."""
+
+    def __init__(
+        self,
+        sessions: sessionmaker[Session],
+        scheduler: Scheduler,
+        models: Models,
+        spool_root: Path,
+        on_report: Callable[[int], None] | None = None,
+        poll_s: float = 0.5,
+    ) -> None:
+        self.sessions = sessions
+        self.scheduler = scheduler
+        self.models = models
+        self.spool_root = spool_root
+        self.on_report = on_report
+        self.poll_s = poll_s
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.current: Claim | None = None
+
+    def start(self) -> None:
+        """Process jobs in a background thread until stopped."""
+        self._thread = threading.Thread(target=self._run, name="processor", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout_s: float = 60.0) -> None:
+        """Finish the study in hand (or give it back to the queue at the deadline)."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+            claim = self.current
+            if self._thread.is_alive() and claim is not None:
+                self.scheduler.requeue(claim, "daemon stopped while processing")
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                worked = self.run_once()
+            except Exception:
+                log.exception("processing loop error; retrying")
+                worked = False
+            if not worked:
+                self._stop.wait(self.poll_s)
+
+    def run_once(self) -> bool:
+        """Claim and process one job; False if none was runnable."""
+        claim = self.scheduler.claim()
+        if claim is None:
+            return False
+        self.current = claim
+        try:
+            self._process(claim)
+        finally:
+            self.current = None
+        return True
+
+    def _process(self, claim: Claim) -> None:
+        started = time.perf_counter()
+        keep_lease = _LeaseKeeper(self.scheduler, claim)
+        try:
+            analysis = analyse_study(self._files(claim), self.models)
+        except PERMANENT as exc:
+            self._fail(claim, str(exc))
+            return
+        except Exception as exc:  # the one boundary where any failure becomes the study's
+            log.exception("job %d: analysis failed (attempt %d)", claim.job_id, claim.attempt)
+            if claim.attempt >= MAX_ATTEMPTS:
+                self._fail(claim, f"analysis failed {claim.attempt} times: {exc}")
+            else:
+                self.scheduler.requeue(claim, f"attempt {claim.attempt} failed: {exc}")
+            return
+        finally:
+            keep_lease.stop()
+        report_id = self._record(claim, analysis, time.perf_counter() - started)
+        if self.on_report is not None:
+            self.on_report(report_id)
+
+    def _files(self, claim: Claim) -> list[Path]:
+        with self.sessions() as s:
+            paths = s.scalars(
+                select(Instance.path)
+                .join(Series, Instance.series_id == Series.id)
+                .where(Series.study_id == claim.study_id, Instance.missing.is_(False))
+            ).all()
+        return [self.spool_root / p for p in paths]
+
+    def _record(self, claim: Claim, analysis: Analysis, seconds: float) -> int:
+        now = utcnow()
+        with self.sessions() as s, s.begin():
+            job, study = s.get(Job, claim.job_id), s.get(Study, claim.study_id)
+            assert job is not None and study is not None
+            findings = analysis.findings_json()
+            report = s.scalars(select(Report).where(Report.study_id == study.id)).first()
+            report = report or Report(study_id=study.id)
+            report.job_id, report.created_at = job.id, now
+            report.impression, report.findings = impression(analysis), findings
+            s.add(report)
+            job.state, job.finished_at, job.lease_until = "done", now, None
+            job.timings = {**analysis.timings_s, "total": seconds}
+            study.state, study.error = "done", ""
+            s.flush()
+            log.info(
+                "study %d analysed in %.1f s: %d lesion(s)",
+                study.id,
+                seconds,
+                len(analysis.lesions),
+            )
+            return report.id
+
+    def _fail(self, claim: Claim, reason: str) -> None:
+        log.error("study %d failed: %s", claim.study_id, reason)
+        now: datetime = utcnow()
+        with self.sessions() as s, s.begin():
+            job, study = s.get(Job, claim.job_id), s.get(Study, claim.study_id)
+            assert job is not None and study is not None
+            job.state, job.finished_at, job.lease_until, job.error = "failed", now, None, reason
+            study.state, study.error = "failed", reason
+
+
+class _LeaseKeeper:
+    """Renews a claim's lease in the background while a long analysis runs."""
+
+    def __init__(self, scheduler: Scheduler, claim: Claim) -> None:
+        self._stop = threading.Event()
+        interval = scheduler.lease.total_seconds() / 3
+
+        def renew() -> None:
+            while not self._stop.wait(interval):
+                if not scheduler.renew(claim):
+                    log.warning("job %d: lease lost to another node", claim.job_id)
+                    return
+
+        self._thread = threading.Thread(target=renew, name="lease", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()

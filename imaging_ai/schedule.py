@@ -1,0 +1,159 @@
+"""Takes queued jobs in the database and gives them to nodes in policy order, under leases.
+
+Policy: urgent work always first; among the rest, earliest deadline first, so an outpatient
+study that has waited long enough overtakes new inpatient work and nothing starves. A claim
+holds a lease; a node renews it while it works, and a job whose lease expired (its node died)
+is queued again for any node. On PostgreSQL, ``FOR UPDATE SKIP LOCKED`` lets several nodes
+claim from one queue without blocking each other.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session, sessionmaker
+
+from imaging_ai.assemble import RANKS
+from imaging_ai.config import PRIORITY_CLASSES, PriorityConfig
+from imaging_ai.db.models import AuditEvent, ClassControl, Job, Study
+from imaging_ai.db.session import utcnow
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Claim:
+    """A job this node now works on."""
+
+    job_id: int
+    study_id: int
+    study_uid: str
+    priority: str
+    deadline: datetime
+    attempt: int
+
+
+class Scheduler:
+    """Claims, renews and finishes jobs for one node."""
+
+    def __init__(
+        self,
+        sessions: sessionmaker[Session],
+        node: str,
+        priority: PriorityConfig | None = None,
+        lease_s: float = 120.0,
+    ) -> None:
+        self.sessions = sessions
+        self.node = node
+        self.priority = priority or PriorityConfig()
+        self.lease = timedelta(seconds=lease_s)
+
+    def claim(self, now: datetime | None = None) -> Claim | None:
+        """Claim the next job by policy, or None when nothing is runnable."""
+        now = now or utcnow()
+        self.requeue_expired(now)
+        with self.sessions() as s, s.begin():
+            paused = set(s.scalars(select(ClassControl.priority).where(ClassControl.paused)))
+            query = (
+                select(Job)
+                .where(Job.state == "queued", Job.priority.not_in(paused or {""}))
+                .order_by(Job.rank, Job.deadline, Job.id)
+                .limit(1)
+                .with_for_update(skip_locked=True)
+            )
+            job = s.scalars(query).first()
+            if job is None:
+                return None
+            job.state, job.node, job.started_at = "processing", self.node, now
+            job.lease_until = now + self.lease
+            job.attempts += 1
+            study = s.get(Study, job.study_id)
+            assert study is not None
+            study.state = "processing"
+            return Claim(
+                job.id, study.id, study.study_instance_uid, job.priority, job.deadline, job.attempts
+            )
+
+    def renew(self, claim: Claim, now: datetime | None = None) -> bool:
+        """Extend the lease; False if the job is no longer ours (it was requeued)."""
+        now = now or utcnow()
+        with self.sessions() as s, s.begin():
+            job = s.get(Job, claim.job_id, with_for_update=True)
+            if job is None or job.node != self.node or job.state != "processing":
+                return False
+            job.lease_until = now + self.lease
+        return True
+
+    def requeue_expired(self, now: datetime | None = None) -> int:
+        """Queue again every job whose node stopped renewing its lease."""
+        now = now or utcnow()
+        with self.sessions() as s, s.begin():
+            jobs = s.scalars(
+                select(Job)
+                .where(Job.state == "processing", Job.lease_until < now)
+                .with_for_update(skip_locked=True)
+            ).all()
+            for job in jobs:
+                log.warning("job %d: lease of node %s expired; queued again", job.id, job.node)
+                job.state, job.node, job.lease_until = "queued", "", None
+                study = s.get(Study, job.study_id)
+                if study is not None:
+                    study.state = "queued"
+            return len(jobs)
+
+    def requeue(self, claim: Claim, reason: str) -> None:
+        """Give a claimed job back to the queue (shutdown, or a transient failure)."""
+        with self.sessions() as s, s.begin():
+            job = s.get(Job, claim.job_id)
+            if job is None or job.node != self.node:
+                return
+            job.state, job.node, job.lease_until = "queued", "", None
+            job.notes = [*job.notes, reason]
+            study = s.get(Study, claim.study_id)
+            if study is not None:
+                study.state = "queued"
+
+    def set_paused(self, priority: str, paused: bool, actor: str) -> None:
+        """Pause or resume a priority class on every node; recorded in the audit log."""
+        if priority not in PRIORITY_CLASSES:
+            raise ValueError(f"unknown priority class {priority!r}")
+        now = utcnow()
+        with self.sessions() as s, s.begin():
+            control = s.get(ClassControl, priority) or ClassControl(priority=priority)
+            control.paused, control.changed_at, control.changed_by = paused, now, actor
+            s.add(control)
+            action = "pause_class" if paused else "resume_class"
+            s.add(AuditEvent(at=now, actor=actor, action=action, target=priority))
+
+    def raise_priority(self, study_uid: str, priority: str, actor: str) -> bool:
+        """Move a queued study to a more urgent class; recorded in the audit log."""
+        now = utcnow()
+        with self.sessions() as s, s.begin():
+            study = s.scalars(select(Study).where(Study.study_instance_uid == study_uid)).first()
+            if study is None or priority not in PRIORITY_CLASSES:
+                return False
+            job = s.scalars(
+                select(Job).where(Job.study_id == study.id, Job.state == "queued")
+            ).first()
+            if job is None:
+                return False
+            was = job.priority
+            job.priority, job.rank = priority, RANKS[priority]
+            # The new class's SLA counts from now, unless the old deadline is sooner.
+            deadline = min(job.deadline, now + timedelta(seconds=self.priority.sla_s(priority)))
+            job.deadline = study.deadline = deadline
+            study.priority = priority
+            study.priority_reason = f"raised from {was} by {actor}"
+            s.add(
+                AuditEvent(
+                    at=now,
+                    actor=actor,
+                    action="raise_priority",
+                    target=study_uid,
+                    detail=f"{was} -> {priority}",
+                )
+            )
+            return True
