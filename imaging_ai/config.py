@@ -132,6 +132,37 @@ class HttpConfig:
     tokens: tuple[Token, ...] = ()
 
 
+@dataclass(frozen=True)
+class PacsDestination:
+    """A PACS (DICOM storage SCP) that receives our SEG and SR."""
+
+    ae_title: str
+    host: str
+    port: int
+    tls: bool = False
+
+
+@dataclass(frozen=True)
+class RisDestination:
+    """A RIS that receives HL7 v2 ORU^R01 over MLLP."""
+
+    host: str
+    port: int
+    receiving_application: str = "RIS"
+    receiving_facility: str = "HOSPITAL"
+
+
+@dataclass(frozen=True)
+class OutputsConfig:
+    """Where results go; every delivery is retried with backoff until it succeeds."""
+
+    pacs: tuple[PacsDestination, ...] = ()
+    ris: tuple[RisDestination, ...] = ()
+    retry_min_s: float = 5.0
+    retry_max_s: float = 3600.0
+    institution: str = ""
+
+
 BACKENDS = ("auto", "tensorrt", "onnxruntime-cuda", "onnxruntime-cpu")
 
 
@@ -165,6 +196,7 @@ class Config:
     storage: StorageConfig = field(default_factory=StorageConfig)
     http: HttpConfig = field(default_factory=HttpConfig)
     engines: EnginesConfig = field(default_factory=EnginesConfig)
+    outputs: OutputsConfig = field(default_factory=OutputsConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
 
 
@@ -220,6 +252,7 @@ _SECTIONS: dict[str, type] = {
     "storage": StorageConfig,
     "http": HttpConfig,
     "engines": EnginesConfig,
+    "outputs": OutputsConfig,
     "logging": LoggingConfig,
 }
 
@@ -256,6 +289,8 @@ def _convert(key: str, type_name: Any, value: Any) -> Any:
         "tuple[AllowedCaller, ...]": _as_callers,
         "tuple[PriorityRule, ...]": _as_rules,
         "tuple[Token, ...]": _as_tokens,
+        "tuple[PacsDestination, ...]": _as_pacs,
+        "tuple[RisDestination, ...]": _as_ris,
     }
     return converters[str(type_name)](key, value)
 
@@ -346,11 +381,48 @@ def _as_tokens(key: str, value: Any) -> tuple[Token, ...]:
     return tuple(tokens)
 
 
+def _as_pacs(key: str, value: Any) -> tuple[PacsDestination, ...]:
+    out = []
+    for i, item in enumerate(_tables(key, value)):
+        where = f"{key}[{i}]"
+        _only(where, item, {"ae_title", "host", "port", "tls"})
+        out.append(
+            PacsDestination(
+                ae_title=_as_str(f"{where}.ae_title", item.get("ae_title")),
+                host=_as_str(f"{where}.host", item.get("host")),
+                port=_as_int(f"{where}.port", item.get("port")),
+                tls=_as_bool(f"{where}.tls", item.get("tls", False)),
+            )
+        )
+    return tuple(out)
+
+
+def _as_ris(key: str, value: Any) -> tuple[RisDestination, ...]:
+    out = []
+    for i, item in enumerate(_tables(key, value)):
+        where = f"{key}[{i}]"
+        _only(where, item, {"host", "port", "receiving_application", "receiving_facility"})
+        out.append(
+            RisDestination(
+                host=_as_str(f"{where}.host", item.get("host")),
+                port=_as_int(f"{where}.port", item.get("port")),
+                receiving_application=_as_str(
+                    f"{where}.receiving_application", item.get("receiving_application", "RIS")
+                ),
+                receiving_facility=_as_str(
+                    f"{where}.receiving_facility", item.get("receiving_facility", "HOSPITAL")
+                ),
+            )
+        )
+    return tuple(out)
+
+
 def _validate(config: Config) -> None:
     _validate_dicom(config.dicom)
     _validate_http(config.http)
     _validate_priority(config.priority)
     _validate_engines(config.engines)
+    _validate_outputs(config.outputs)
     a = config.assemble
     for name in ("series_idle_s", "study_idle_s", "force_complete_s", "poll_s"):
         if getattr(a, name) <= 0:
@@ -417,6 +489,18 @@ def _validate_http(h: HttpConfig) -> None:
         if token.name in names:
             raise ConfigError(f"http.tokens[{i}].name {token.name!r} is used twice")
         names.add(token.name)
+
+
+def _validate_outputs(o: OutputsConfig) -> None:
+    for i, pacs in enumerate(o.pacs):
+        _validate_ae_title(f"outputs.pacs[{i}].ae_title", pacs.ae_title)
+        _validate_port(f"outputs.pacs[{i}].port", pacs.port)
+    for i, ris in enumerate(o.ris):
+        _validate_port(f"outputs.ris[{i}].port", ris.port)
+    if not 0 < o.retry_min_s <= o.retry_max_s:
+        raise ConfigError(
+            f"outputs.retry_min_s must be > 0 and <= outputs.retry_max_s, got {o.retry_min_s}"
+        )
 
 
 def _validate_engines(e: EnginesConfig) -> None:

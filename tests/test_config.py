@@ -31,7 +31,16 @@ def test_defaults_listen_on_loopback() -> None:
 def test_example_documents_every_key_and_loads() -> None:
     config = load_config(EXAMPLE, environ={})
     text = EXAMPLE.read_text()
-    for section in ("dicom", "assemble", "priority", "storage", "http", "engines", "logging"):
+    for section in (
+        "dicom",
+        "assemble",
+        "priority",
+        "storage",
+        "http",
+        "engines",
+        "outputs",
+        "logging",
+    ):
         for name in type(getattr(config, section)).__dataclass_fields__:
             assert f"{name} =" in text or f"{name}=" in text, f"{section}.{name} undocumented"
 

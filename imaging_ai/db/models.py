@@ -147,6 +147,26 @@ class Report(Base):
     findings: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
 
 
+class Delivery(Base):
+    """One result to one destination (the outbox): retried with backoff until it succeeds."""
+
+    __tablename__ = "deliveries"
+    __table_args__ = (Index("ix_deliveries_due", "state", "next_try_at"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    study_id: Mapped[int] = mapped_column(ForeignKey("studies.id"), index=True)
+    kind: Mapped[str] = mapped_column(String(16))
+    destination: Mapped[str] = mapped_column(String(200))
+    payload: Mapped[str] = mapped_column(String(400))
+    object_uid: Mapped[str] = mapped_column(String(64), default="")
+    state: Mapped[str] = mapped_column(String(16), default="pending")
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    next_try_at: Mapped[datetime] = mapped_column(UTCDateTime())
+    last_error: Mapped[str] = mapped_column(Text, default="")
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime())
+    delivered_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+
+
 class ClassControl(Base):
     """A priority class paused or resumed by an administrator (shared by every node)."""
 

@@ -1,0 +1,283 @@
+"""Takes delivery rows and gives results to PACS (C-STORE) and RIS (HL7 over MLLP), with retries.
+
+Every delivery is a row: it is marked done only after the destination confirmed it; failures
+back off from ``retry_min_s`` to ``retry_max_s`` and keep going across restarts. Objects keep
+their UIDs on retry, so a PACS that already has one treats the resend as a replace.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import socket
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+from pydicom import dcmread
+from pynetdicom import AE, evt
+from sqlalchemy import select
+from sqlalchemy.orm import Session, sessionmaker
+
+from imaging_ai.config import Config, PacsDestination, RisDestination
+from imaging_ai.db.models import AuditEvent, Delivery, Study
+from imaging_ai.db.session import utcnow
+from imaging_ai.errors import DeliveryError
+
+log = logging.getLogger(__name__)
+
+# C-STORE statuses that mean "stored": success and the warnings (coercion, elements discarded).
+STORED = {0x0000, 0xB000, 0xB006, 0xB007}
+BATCH = 20
+
+
+@dataclass(frozen=True)
+class Payload:
+    """A result ready to deliver: a DICOM file, or an HL7 message in a file."""
+
+    kind: str  # "seg", "sr" (DICOM files) or "oru" (HL7 v2 text)
+    path: Path
+    object_uid: str
+
+
+def pacs_key(dest: PacsDestination) -> str:
+    """The destination column of a PACS delivery."""
+    return f"pacs:{dest.ae_title}@{dest.host}:{dest.port}"
+
+
+def ris_key(dest: RisDestination) -> str:
+    """The destination column of a RIS delivery."""
+    return f"ris:{dest.host}:{dest.port}"
+
+
+def backoff_s(attempts: int, low: float, high: float) -> float:
+    """Seconds before the next try: doubling from ``low``, capped at ``high``, with jitter
+    so that many deliveries to one recovered RIS do not all return at the same second."""
+    base = min(high, low * 2 ** max(0, attempts - 1))
+    return float(base * random.uniform(0.8, 1.0))
+
+
+class Outbox:
+    """Creates delivery rows for a study's results and sends them in a background thread."""
+
+    def __init__(
+        self,
+        sessions: sessionmaker[Session],
+        config: Config,
+        data_dir: Path,
+        hl7_sender: Callable[[RisDestination, str], None] | None = None,
+    ) -> None:
+        self.sessions = sessions
+        self.config = config
+        self.data_dir = data_dir
+        self.pacs = {pacs_key(d): d for d in config.outputs.pacs}
+        self.ris = {ris_key(d): d for d in config.outputs.ris}
+        self.hl7_sender = hl7_sender
+        self._stop = threading.Event()
+        self._wake = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def enqueue(self, s: Session, study: Study, payloads: list[Payload], now: datetime) -> int:
+        """Add a row per payload and destination, in the caller's transaction."""
+        count = 0
+        for payload in payloads:
+            targets = self.ris if payload.kind == "oru" else self.pacs
+            for key in targets:
+                s.add(
+                    Delivery(
+                        study_id=study.id,
+                        kind=payload.kind,
+                        destination=key,
+                        payload=str(payload.path.relative_to(self.data_dir)),
+                        object_uid=payload.object_uid,
+                        next_try_at=now,
+                        created_at=now,
+                    )
+                )
+                count += 1
+        study.state = "delivering" if count else "done"
+        self._wake.set()
+        return count
+
+    def start(self) -> None:
+        """Deliver in a background thread until stopped."""
+        self._thread = threading.Thread(target=self._run, name="outbox", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop after the current send; pending rows stay for the next start."""
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout=60)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                sent = self.deliver_due()
+            except Exception:
+                log.exception("outbox pass failed; retrying")
+                sent = 0
+            if not sent:
+                self._wake.wait(1.0)
+                self._wake.clear()
+
+    def deliver_due(self, now: datetime | None = None) -> int:
+        """Try every delivery that is due; return how many were attempted."""
+        now = now or utcnow()
+        with self.sessions() as s:
+            due = s.scalars(
+                select(Delivery)
+                .where(Delivery.state == "pending", Delivery.next_try_at <= now)
+                .order_by(Delivery.next_try_at, Delivery.id)
+                .limit(BATCH)
+            ).all()
+        by_destination: dict[str, list[Delivery]] = {}
+        for row in due:
+            by_destination.setdefault(row.destination, []).append(row)
+        for destination, rows in by_destination.items():
+            self._deliver(destination, rows)
+        return len(due)
+
+    def _deliver(self, destination: str, rows: list[Delivery]) -> None:
+        try:
+            if destination in self.pacs:
+                results = self._send_dicom(self.pacs[destination], rows)
+            elif destination in self.ris:
+                results = {row.id: self._send_hl7(self.ris[destination], row) for row in rows}
+            else:
+                results = {row.id: "destination no longer configured" for row in rows}
+        except DeliveryError as exc:
+            results = {row.id: str(exc) for row in rows}
+        self._record(rows, results)
+
+    def _send_dicom(self, dest: PacsDestination, rows: list[Delivery]) -> dict[int, str]:
+        """One association for every due object to one PACS; '' means delivered."""
+        files = {row.id: self.data_dir / row.payload for row in rows}
+        assoc = _associate(self.config.dicom.ae_title, dest, files.values())
+        results: dict[int, str] = {}
+        try:
+            for row_id, path in files.items():
+                status = assoc.send_c_store(path)
+                code = getattr(status, "Status", None)
+                if code in STORED:
+                    results[row_id] = ""
+                else:
+                    comment = getattr(status, "ErrorComment", "") if status else ""
+                    detail = f"0x{code:04X} {comment}".strip() if code is not None else "no reply"
+                    results[row_id] = f"C-STORE refused: {detail}"
+        finally:
+            assoc.release()
+        return results
+
+    def _send_hl7(self, dest: RisDestination, row: Delivery) -> str:
+        if self.hl7_sender is None:
+            return "no HL7 sender available"
+        message = (self.data_dir / row.payload).read_text(encoding="utf-8")
+        try:
+            self.hl7_sender(dest, message)
+        except DeliveryError as exc:
+            return str(exc)
+        return ""
+
+    def _record(self, rows: list[Delivery], results: dict[int, str]) -> None:
+        now = utcnow()
+        low, high = self.config.outputs.retry_min_s, self.config.outputs.retry_max_s
+        with self.sessions() as s, s.begin():
+            for row in rows:
+                current = s.get(Delivery, row.id)
+                if current is None or current.state != "pending":
+                    continue
+                current.attempts += 1
+                error = results.get(row.id, "not attempted")
+                if error:
+                    current.last_error = error
+                    current.next_try_at = now + timedelta(
+                        seconds=backoff_s(current.attempts, low, high)
+                    )
+                    log.warning(
+                        "delivery %d to %s failed (attempt %d): %s",
+                        current.id,
+                        current.destination,
+                        current.attempts,
+                        error,
+                    )
+                else:
+                    current.state, current.delivered_at, current.last_error = "done", now, ""
+                _settle_study(s, current.study_id)
+
+    def retry(self, delivery_id: int, actor: str) -> bool:
+        """Admin action: try a pending delivery now."""
+        return self._admin(delivery_id, actor, "retry_delivery", "pending")
+
+    def cancel(self, delivery_id: int, actor: str) -> bool:
+        """Admin action: stop trying a delivery."""
+        return self._admin(delivery_id, actor, "cancel_delivery", "cancelled")
+
+    def _admin(self, delivery_id: int, actor: str, action: str, state: str) -> bool:
+        now = utcnow()
+        with self.sessions() as s, s.begin():
+            row = s.get(Delivery, delivery_id)
+            if row is None or row.state not in ("pending",):
+                return False
+            row.state, row.next_try_at = state, now
+            s.add(
+                AuditEvent(
+                    at=now,
+                    actor=actor,
+                    action=action,
+                    target=str(delivery_id),
+                    detail=row.destination,
+                )
+            )
+            _settle_study(s, row.study_id)
+        self._wake.set()
+        return True
+
+
+def _settle_study(s: Session, study_id: int) -> None:
+    """A study is done once none of its deliveries is pending."""
+    pending = s.scalars(
+        select(Delivery.id).where(Delivery.study_id == study_id, Delivery.state == "pending")
+    ).first()
+    study = s.get(Study, study_id)
+    if study is not None and pending is None and study.state == "delivering":
+        study.state = "done"
+
+
+def _associate(calling_ae: str, dest: PacsDestination, files: Any) -> Any:
+    ae = AE(ae_title=calling_ae)
+    contexts = set()
+    for path in files:
+        ds = dcmread(path, stop_before_pixels=True)
+        contexts.add((str(ds.SOPClassUID), str(ds.file_meta.TransferSyntaxUID)))
+    for sop_class, syntax in sorted(contexts):
+        ae.add_requested_context(sop_class, syntax)
+    ae.network_timeout = ae.acse_timeout = ae.dimse_timeout = 60
+    tls = None
+    if dest.tls:
+        import ssl
+
+        tls = (ssl.create_default_context(ssl.Purpose.SERVER_AUTH), dest.host)
+    assoc = ae.associate(
+        dest.host,
+        dest.port,
+        ae_title=dest.ae_title,
+        evt_handlers=[(evt.EVT_CONN_OPEN, _nodelay)],
+        tls_args=tls,
+    )
+    if not assoc.is_established:
+        raise DeliveryError(
+            f"PACS {dest.ae_title} at {dest.host}:{dest.port} did not accept the association"
+        )
+    return assoc
+
+
+def _nodelay(event: Any) -> None:
+    # pynetdicom has no option for it; without it every PDU waits for a delayed ACK.
+    sock = event.assoc.dul.socket.socket
+    if sock is not None:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
