@@ -6,12 +6,14 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
-from sqlalchemy import Engine
+from sqlalchemy import Engine, select
+from sqlalchemy.orm import Session
 from starlette.testclient import TestClient
 
 from imaging_ai.assemble import Assembler
 from imaging_ai.catalog import Catalog, InstanceMeta
 from imaging_ai.config import AssembleConfig, PriorityConfig, Secret, Token
+from imaging_ai.db.models import AuditEvent, Job, Report, Study
 from imaging_ai.db.session import session_factory
 from imaging_ai.spool import Spool
 from imaging_ai.web.app import WebContext, create_app
@@ -102,3 +104,41 @@ def test_health_and_readiness(client: TestClient) -> None:
     ready = client.get("/readyz")
     assert ready.status_code == 200
     assert ready.json()["checks"] == {"database": "ok"}
+
+
+def add_report(engine: Engine) -> None:
+    with Session(engine) as s, s.begin():
+        study = s.scalars(select(Study).where(Study.study_instance_uid == "1.2.1")).one()
+        job = s.scalars(select(Job).where(Job.study_id == study.id)).one()
+        job.timings = {"lung-seg": 1.5}
+        s.add(
+            Report(
+                study_id=study.id,
+                job_id=job.id,
+                created_at=T0,
+                impression="1 lung nodule(s) detected",
+                findings={
+                    "lesions": [{"number": 1, "long_axis_mm": 8.2}],
+                    "organ_volumes_ml": {"right lung": 2500.0},
+                    "models": {"lung-seg": {"version": "0.1.0"}},
+                },
+            )
+        )
+
+
+def test_report_by_study_and_accession_is_audited(client: TestClient, engine: Engine) -> None:
+    add_report(engine)
+    report = client.get("/api/v1/reports/1.2.1", headers=auth(RIS)).json()
+    assert report["impression"] == "1 lung nodule(s) detected"
+    assert report["lesions"][0]["long_axis_mm"] == 8.2
+    assert report["status"] == "preliminary" and report["ai_generated"] is True
+    assert report["timings_s"] == {"lung-seg": 1.5}
+    assert report["models"]["lung-seg"]["version"] == "0.1.0"
+    listed = client.get("/api/v1/reports?accession=ACC0", headers=auth(RIS)).json()
+    assert [r["study_uid"] for r in listed["reports"]] == ["1.2.1"]
+    assert client.get("/api/v1/reports/1.2.2", headers=auth(RIS)).status_code == 404
+    assert client.get("/api/v1/reports", headers=auth(RIS)).status_code == 400
+    assert client.get("/api/v1/reports/1.2.1").status_code == 401
+    with Session(engine) as s:
+        events = s.scalars(select(AuditEvent).where(AuditEvent.action == "read_report")).all()
+    assert [(e.actor, e.target) for e in events] == [("ris", "1.2.1"), ("ris", "accession ACC0")]

@@ -16,7 +16,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from imaging_ai.db.models import Instance, Series, Study
+from imaging_ai.db.models import AuditEvent, Instance, Job, Report, Series, Study
+from imaging_ai.db.session import utcnow
 from imaging_ai.web.auth import Principal, TokenStore
 
 log = logging.getLogger(__name__)
@@ -66,6 +67,35 @@ def create_app(ctx: WebContext) -> Starlette:
                 raise HTTPException(404, f"no study with Study Instance UID {uid}")
             return JSONResponse(study_json(s, study))
 
+    async def get_report(request: Request) -> Response:
+        who = require(request, "ris", "admin")
+        uid = request.path_params["study_uid"]
+        with ctx.sessions() as s, s.begin():
+            row = s.execute(
+                select(Study, Report)
+                .join(Report, Report.study_id == Study.id)
+                .where(Study.study_instance_uid == uid)
+            ).first()
+            if row is None:
+                raise HTTPException(404, f"no report for Study Instance UID {uid}")
+            audit(s, who, "read_report", uid, request)
+            return JSONResponse(report_json(s, row[0], row[1]))
+
+    async def list_reports(request: Request) -> Response:
+        who = require(request, "ris", "admin")
+        accession = request.query_params.get("accession")
+        if not accession:
+            raise HTTPException(400, "query parameter accession is required")
+        with ctx.sessions() as s, s.begin():
+            rows = s.execute(
+                select(Study, Report)
+                .join(Report, Report.study_id == Study.id)
+                .where(Study.accession_number == accession)
+                .order_by(Report.created_at)
+            ).all()
+            audit(s, who, "read_report", f"accession {accession}", request)
+            return JSONResponse({"reports": [report_json(s, st, rp) for st, rp in rows]})
+
     async def healthz(request: Request) -> Response:
         return JSONResponse({"status": "alive"})
 
@@ -77,6 +107,8 @@ def create_app(ctx: WebContext) -> Starlette:
     routes = [
         Route("/api/v1/studies", list_studies),
         Route("/api/v1/studies/{study_uid}", get_study),
+        Route("/api/v1/reports", list_reports),
+        Route("/api/v1/reports/{study_uid}", get_report),
         Route("/healthz", healthz),
         Route("/readyz", readyz),
     ]
@@ -134,6 +166,31 @@ def study_json(s: Session, study: Study) -> dict[str, Any]:
         "completion_reason": study.completion_reason or None,
         "error": study.error or None,
     }
+
+
+def report_json(s: Session, study: Study, report: Report) -> dict[str, Any]:
+    """The RIS view of a report: findings, measurements, impression, models, timings."""
+    job = s.get(Job, report.job_id)
+    findings = dict(report.findings)
+    return {
+        "study_uid": study.study_instance_uid,
+        "accession": study.accession_number,
+        "status": report.status,
+        "ai_generated": True,
+        "created_at": iso(report.created_at),
+        "impression": report.impression,
+        "lesions": findings.get("lesions", []),
+        "organ_volumes_ml": findings.get("organ_volumes_ml", {}),
+        "models": findings.get("models", {}),
+        "timings_s": job.timings if job is not None else {},
+        "coordinates": findings.get("coordinates", ""),
+    }
+
+
+def audit(s: Session, who: Principal, action: str, target: str, request: Request) -> None:
+    """Record who read or did what, from where (no patient identifiers)."""
+    source = request.client.host if request.client else ""
+    s.add(AuditEvent(at=utcnow(), actor=who.name, action=action, target=target, source=source))
 
 
 def database_ready(sessions: sessionmaker[Session]) -> str:
