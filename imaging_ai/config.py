@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import socket
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
@@ -100,6 +101,12 @@ class StorageConfig:
     data_dir: str = "var"
     database_url: str = ""
     min_free_mb: int = 1024
+    node_name: str = ""
+
+    @property
+    def node(self) -> str:
+        """This node's name (the host name unless configured): leases and temporary files."""
+        return self.node_name or socket.gethostname()
 
     @property
     def spool_dir(self) -> Path:
@@ -427,6 +434,11 @@ def _validate(config: Config) -> None:
     for name in ("series_idle_s", "study_idle_s", "force_complete_s", "poll_s"):
         if getattr(a, name) <= 0:
             raise ConfigError(f"assemble.{name} must be > 0, got {getattr(a, name)!r}")
+    node = config.storage.node_name
+    if (node and not all(c.isalnum() or c in "._-" for c in node)) or node in (".", ".."):
+        raise ConfigError(
+            f"storage.node_name must be letters, digits, '.', '_' or '-', got {node!r}"
+        )
     if config.storage.min_free_mb < 0:
         raise ConfigError(f"storage.min_free_mb must be >= 0, got {config.storage.min_free_mb}")
     url = config.storage.database_url

@@ -32,6 +32,7 @@ log = logging.getLogger(__name__)
 # C-STORE statuses that mean "stored": success and the warnings (coercion, elements discarded).
 STORED = {0x0000, 0xB000, 0xB006, 0xB007}
 BATCH = 20
+SEND_LEASE = timedelta(seconds=180)
 
 
 @dataclass(frozen=True)
@@ -127,20 +128,32 @@ class Outbox:
 
     def deliver_due(self, now: datetime | None = None) -> int:
         """Try every delivery that is due; return how many were attempted."""
-        now = now or utcnow()
-        with self.sessions() as s:
-            due = s.scalars(
-                select(Delivery)
-                .where(Delivery.state == "pending", Delivery.next_try_at <= now)
-                .order_by(Delivery.next_try_at, Delivery.id)
-                .limit(BATCH)
-            ).all()
+        due = self._claim_due(now or utcnow())
         by_destination: dict[str, list[Delivery]] = {}
         for row in due:
             by_destination.setdefault(row.destination, []).append(row)
         for destination, rows in by_destination.items():
             self._deliver(destination, rows)
         return len(due)
+
+    def _claim_due(self, now: datetime) -> list[Delivery]:
+        """Take due rows for this node: SKIP LOCKED plus a short lease, so two nodes
+        sharing one database never send the same row at once, and a node that dies
+        mid-send leaves the row due again when the lease ends."""
+        with self.sessions() as s, s.begin():
+            due = list(
+                s.scalars(
+                    select(Delivery)
+                    .where(Delivery.state == "pending", Delivery.next_try_at <= now)
+                    .order_by(Delivery.next_try_at, Delivery.id)
+                    .limit(BATCH)
+                    .with_for_update(skip_locked=True)
+                )
+            )
+            for row in due:
+                row.next_try_at = now + SEND_LEASE
+            s.expunge_all()
+        return due
 
     def _deliver(self, destination: str, rows: list[Delivery]) -> None:
         try:

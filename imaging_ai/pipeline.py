@@ -53,12 +53,14 @@ class Daemon:
         self.started_at = utcnow()
         self.engine = make_engine(config.storage.resolved_database_url)
         self.sessions = session_factory(self.engine)
-        self.spool = Spool(config.storage.spool_dir, config.storage.min_free_mb)
+        self.spool = Spool(
+            config.storage.spool_dir, config.storage.min_free_mb, config.storage.node
+        )
         self.catalog = Catalog(self.engine, self.spool)
         self.routing_tags = routing_tags(config.priority.rules)
         self.receivers = ReceiverPool(config)
         self.assembler = Assembler(self.sessions, config.assemble, config.priority, self.started_at)
-        self.node = f"{socket.gethostname()}:{os.getpid()}"
+        self.node = f"{config.storage.node}:{os.getpid()}"
         self.scheduler = Scheduler(self.sessions, self.node, config.priority)
         self.processor: Processor | None = None
         self.http: _Server | None = None

@@ -109,7 +109,7 @@ def _worker_main(
     # The parent owns shutdown; a terminal's Ctrl-C must not kill receivers mid-write.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     engine = make_engine(config.storage.resolved_database_url)
-    spool = Spool(config.storage.spool_dir, config.storage.min_free_mb)
+    spool = Spool(config.storage.spool_dir, config.storage.min_free_mb, config.storage.node)
     receiver = Receiver(
         config.dicom, spool, Catalog(engine, spool), routing_tags(config.priority.rules), stats
     )

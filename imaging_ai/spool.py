@@ -34,6 +34,13 @@ def check_uid(uid: str, what: str) -> str:
     return uid
 
 
+def check_node(node: str) -> str:
+    """A node name usable as a directory name."""
+    if not node or not re.match(r"^[A-Za-z0-9._-]+$", node) or node in (".", ".."):
+        raise StorageError(f"node name {node!r} must be letters, digits, '.', '_' or '-'")
+    return node
+
+
 @dataclass(frozen=True)
 class SpooledFile:
     """Where an instance now lives and how big it is."""
@@ -46,9 +53,10 @@ class SpooledFile:
 class Spool:
     """Instance files under ``root/<study>/<series>/<sop>.dcm``, written tmp + fsync + rename."""
 
-    def __init__(self, root: Path, min_free_mb: int) -> None:
+    def __init__(self, root: Path, min_free_mb: int, node: str = "local") -> None:
         self.root = root
-        self.tmp_dir = root / "tmp"
+        # Temporary files per node: a spool shared over NFS is cleaned by each node for itself.
+        self.tmp_dir = root / "tmp" / check_node(node)
         self.min_free_bytes = min_free_mb * 1024 * 1024
         self._free_lock = threading.Lock()
         self._free_checked_at = 0.0
@@ -145,7 +153,7 @@ class Spool:
     def walk(self) -> Iterator[str]:
         """Yield the relative path of every instance file in the spool."""
         for study_dir in self.root.iterdir():
-            if study_dir == self.tmp_dir or not study_dir.is_dir():
+            if study_dir.name == "tmp" or not study_dir.is_dir():
                 continue
             for path in study_dir.glob("*/*.dcm"):
                 yield path.relative_to(self.root).as_posix()
