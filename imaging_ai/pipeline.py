@@ -11,6 +11,7 @@ import threading
 from collections.abc import Iterator
 from pathlib import Path
 from types import FrameType
+from typing import Any
 
 import uvicorn
 
@@ -19,8 +20,10 @@ from imaging_ai.analyse import load_models
 from imaging_ai.assemble import Assembler, routing_tags
 from imaging_ai.catalog import Catalog
 from imaging_ai.config import Config
+from imaging_ai.db.models import AuditEvent
 from imaging_ai.db.session import make_engine, session_factory, upgrade, utcnow
 from imaging_ai.errors import OutOfResources, StartupError
+from imaging_ai.outbox import Outbox
 from imaging_ai.process import Processor
 from imaging_ai.receive_pool import ReceiverPool, receiver_count
 from imaging_ai.schedule import Scheduler
@@ -63,6 +66,7 @@ class Daemon:
         self.node = f"{config.storage.node}:{os.getpid()}"
         self.scheduler = Scheduler(self.sessions, self.node, config.priority)
         self.processor: Processor | None = None
+        self.outbox = Outbox(self.sessions, config, Path(config.storage.data_dir))
         self.http: _Server | None = None
         self._stopping = threading.Event()
 
@@ -102,6 +106,7 @@ class Daemon:
         self.receivers.start()
         self.assembler.start()
         self.processor.start()
+        self.outbox.start()
 
     def readiness(self) -> dict[str, str]:
         """Checks behind /readyz."""
@@ -115,9 +120,58 @@ class Daemon:
         receivers = "ok" if alive == expected else f"{alive} of {expected} receivers running"
         return {"database": database_ready(self.sessions), "disk": disk, "receivers": receivers}
 
+    def live_status(self) -> dict[str, Any]:
+        """In-memory state for the status page."""
+        claim = self.processor.current if self.processor else None
+        return {
+            "node": self.node,
+            "receivers": {"processes": self.receivers.alive(), **self.receivers.stats.snapshot()},
+            "processing": claim.study_uid if claim else None,
+        }
+
+    # Admin actions (web.app.AdminActions): each is recorded in the audit log.
+
+    def force_complete(self, study_uid: str, actor: str) -> bool:
+        """Complete a study that is still receiving."""
+        done = self.assembler.force_complete(study_uid)
+        self._audit(actor, "force_complete", study_uid, "ok" if done else "not receiving")
+        return done
+
+    def retry_study(self, study_uid: str, actor: str) -> bool:
+        """Queue a failed study again, as a new attempt."""
+        done = self.scheduler.retry_failed(study_uid)
+        self._audit(actor, "retry_study", study_uid, "ok" if done else "not failed")
+        return done
+
+    def raise_priority(self, study_uid: str, priority: str, actor: str) -> bool:
+        """Move a queued study to a more urgent class (audited by the scheduler)."""
+        return self.scheduler.raise_priority(study_uid, priority, actor)
+
+    def set_paused(self, priority: str, paused: bool, actor: str) -> None:
+        """Pause or resume a class on every node (audited by the scheduler)."""
+        self.scheduler.set_paused(priority, paused, actor)
+
+    def retry_delivery(self, delivery_id: int, actor: str) -> bool:
+        """Try a pending delivery now (audited by the outbox)."""
+        return self.outbox.retry(delivery_id, actor)
+
+    def cancel_delivery(self, delivery_id: int, actor: str) -> bool:
+        """Stop trying a delivery (audited by the outbox)."""
+        return self.outbox.cancel(delivery_id, actor)
+
+    def _audit(self, actor: str, action: str, target: str, detail: str) -> None:
+        with self.sessions() as s, s.begin():
+            s.add(AuditEvent(at=utcnow(), actor=actor, action=action, target=target, detail=detail))
+
     def serve_forever(self) -> None:
         """Serve HTTP in this thread until a shutdown is requested."""
-        ctx = WebContext(self.sessions, TokenStore(self.config.http.tokens), self.readiness)
+        ctx = WebContext(
+            self.sessions,
+            TokenStore(self.config.http.tokens),
+            self.readiness,
+            live=self.live_status,
+            actions=self,
+        )
         uv_config = uvicorn.Config(
             create_app(ctx),
             host=self.config.http.bind,
@@ -155,6 +209,7 @@ class Daemon:
         self.assembler.stop()
         if self.processor is not None:
             self.processor.stop()
+        self.outbox.stop()
         self.engine.dispose()
         log.info("imaging-ai stopped")
 

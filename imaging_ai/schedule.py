@@ -116,6 +116,25 @@ class Scheduler:
             if study is not None:
                 study.state = "queued"
 
+    def retry_failed(self, study_uid: str, now: datetime | None = None) -> bool:
+        """Queue a failed study again with a fresh deadline from its class's SLA."""
+        now = now or utcnow()
+        with self.sessions() as s, s.begin():
+            study = s.scalars(select(Study).where(Study.study_instance_uid == study_uid)).first()
+            if study is None or study.state != "failed":
+                return False
+            job = s.scalars(
+                select(Job).where(Job.study_id == study.id).order_by(Job.id.desc())
+            ).first()
+            if job is None:
+                return False
+            deadline = now + timedelta(seconds=self.priority.sla_s(job.priority))
+            job.state, job.error, job.deadline, job.attempts = "queued", "", deadline, 0
+            job.node, job.lease_until, job.finished_at = "", None, None
+            job.notes = [*job.notes, "retried by an administrator"]
+            study.state, study.error, study.deadline = "queued", "", deadline
+            return True
+
     def set_paused(self, priority: str, paused: bool, actor: str) -> None:
         """Pause or resume a priority class on every node; recorded in the audit log."""
         if priority not in PRIORITY_CLASSES:

@@ -152,3 +152,19 @@ def test_two_nodes_never_claim_the_same_job(db_url: str, tmp_path: Path) -> None
     all_ids = claimed["a"] + claimed["b"]
     assert sorted(all_ids) == sorted(set(all_ids)) and len(all_ids) == 40
     engine.dispose()
+
+
+def test_retry_failed_study(engine: Engine) -> None:
+    add_job(engine, "1.1", "inpatient", 60)
+    scheduler = Scheduler(session_factory(engine), "node-a")
+    assert scheduler.retry_failed("1.1", T0) is False  # not failed
+    claim = scheduler.claim(T0)
+    assert claim is not None
+    with Session(engine) as s, s.begin():
+        job, study = s.get(Job, claim.job_id), s.get(Study, claim.study_id)
+        assert job is not None and study is not None
+        job.state, study.state, study.error = "failed", "failed", "boom"
+    assert scheduler.retry_failed("1.1", T0 + timedelta(minutes=1)) is True
+    again = scheduler.claim(T0 + timedelta(minutes=1))
+    assert again is not None and again.job_id == claim.job_id
+    assert again.deadline == T0 + timedelta(minutes=1, seconds=300)

@@ -6,7 +6,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, Protocol
 
 from sqlalchemy import func, select, text
 from sqlalchemy.orm import Session, sessionmaker
@@ -25,13 +25,45 @@ log = logging.getLogger(__name__)
 MAX_PAGE = 500
 
 
+class AdminActions(Protocol):
+    """What an administrator can do from the status page; each is audited by the daemon."""
+
+    def force_complete(self, study_uid: str, actor: str) -> bool:
+        """Complete a study that is still receiving."""
+
+    def retry_study(self, study_uid: str, actor: str) -> bool:
+        """Queue a failed study again."""
+
+    def raise_priority(self, study_uid: str, priority: str, actor: str) -> bool:
+        """Move a queued study to a more urgent class."""
+
+    def set_paused(self, priority: str, paused: bool, actor: str) -> None:
+        """Pause or resume a priority class."""
+
+    def retry_delivery(self, delivery_id: int, actor: str) -> bool:
+        """Try a pending delivery now."""
+
+    def cancel_delivery(self, delivery_id: int, actor: str) -> bool:
+        """Stop trying a delivery."""
+
+
+def _no_live_status() -> dict[str, Any]:
+    return {}
+
+
 @dataclass(frozen=True)
 class WebContext:
-    """What the web app needs from the daemon, passed in explicitly."""
+    """What the web app needs from the daemon, passed in explicitly.
+
+    ``live`` returns in-memory state for the status page (receivers, workers, the study in
+    hand); ``actions`` is None where the app runs without a daemon (tests of read views).
+    """
 
     sessions: sessionmaker[Session]
     tokens: TokenStore
     readiness: Callable[[], dict[str, str]]
+    live: Callable[[], dict[str, Any]] = _no_live_status
+    actions: AdminActions | None = None
 
 
 def create_app(ctx: WebContext) -> Starlette:
