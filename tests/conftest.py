@@ -6,7 +6,6 @@ import glob
 import os
 import pwd
 import shutil
-import socket
 import subprocess
 import tempfile
 import time
@@ -17,16 +16,10 @@ from pathlib import Path
 import pytest
 from sqlalchemy import Engine, create_engine, text
 
+from imaging_ai.bench.harness import free_port
 from imaging_ai.db.session import make_engine, upgrade
 
 PG_BIN_GLOB = "/usr/lib/postgresql/*/bin"
-
-
-def free_port() -> int:
-    """An unused TCP port on loopback."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _pg_bin() -> Path | None:

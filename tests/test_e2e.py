@@ -11,8 +11,8 @@ from pathlib import Path
 import pydicom
 import pytest
 
+from imaging_ai.bench.harness import CALLED_AE, DaemonProcess
 from tests.conftest import wait_until
-from tests.daemon_process import CALLED_AE, DaemonProcess
 
 SLICES = 120
 

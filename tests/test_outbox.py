@@ -14,6 +14,7 @@ import pytest
 from sqlalchemy import Engine, select
 from sqlalchemy.orm import Session
 
+from imaging_ai.bench.harness import free_port
 from imaging_ai.config import (
     Config,
     OutputsConfig,
@@ -24,7 +25,6 @@ from imaging_ai.db.models import AuditEvent, Delivery, Study
 from imaging_ai.db.session import session_factory
 from imaging_ai.errors import DeliveryError
 from imaging_ai.outbox import Outbox, Payload, backoff_s, pacs_key
-from tests.conftest import free_port
 from tests.dicom_factory import ct_series
 
 T0 = datetime(2026, 11, 30, 11, 0, tzinfo=UTC)

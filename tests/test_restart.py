@@ -13,9 +13,9 @@ from pynetdicom.sop_class import CTImageStorage  # type: ignore[attr-defined]
 from sqlalchemy import create_engine, select
 from sqlalchemy.orm import Session
 
+from imaging_ai.bench.harness import CALLED_AE, DaemonProcess
 from imaging_ai.db.models import Instance
 from tests.conftest import wait_until
-from tests.daemon_process import CALLED_AE, DaemonProcess
 from tests.dicom_factory import ct_series
 
 SLICES = 60

@@ -16,7 +16,8 @@ from contextlib import contextmanager
 from functools import partial
 from pathlib import Path
 
-CALLED_AE = "IMAGING_AI"
+from imaging_ai.bench.harness import CALLED_AE, free_port
+
 CALLING_AE = "STORESCU"
 
 
@@ -83,13 +84,6 @@ def _study_files(args: argparse.Namespace, work: Path) -> list[Path]:
 
 def _median(repeats: int, once: Callable[[], float]) -> float:
     return statistics.median(once() for _ in range(repeats))
-
-
-def free_port() -> int:
-    """An unused TCP port on loopback."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def wait_port(port: int, proc: subprocess.Popen[bytes], timeout_s: float = 30) -> None:

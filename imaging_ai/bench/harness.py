@@ -1,10 +1,15 @@
-"""Runs `imaging-ai serve` as a subprocess on free loopback ports, for end-to-end tests."""
+"""Takes a folder and options and gives a running `imaging-ai serve` subprocess on loopback.
+
+Used by the benchmarks and the end-to-end tests: free ports, its own data directory and log,
+the shipped models on ONNX Runtime CPU, an admin token for the API, DCMTK storescu to send.
+"""
 
 from __future__ import annotations
 
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -13,14 +18,20 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from tests.conftest import free_port
-
-ADMIN_TOKEN = "e2e-admin-token-0123456789"
+ADMIN_TOKEN = "bench-admin-token-0123456789"
 CALLED_AE = "IMAGING_AI"
+ENGINES_DIR = Path(__file__).resolve().parents[2] / "engines"
+
+
+def free_port() -> int:
+    """An unused TCP port on loopback."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 class DaemonProcess:
-    """One daemon: its config, data directory, ports and log file."""
+    """One daemon: its config file, data directory, ports and log file."""
 
     def __init__(self, root: Path, extra: str = "", database_url: str = "") -> None:
         self.root = root
@@ -29,6 +40,7 @@ class DaemonProcess:
         self.http_port = free_port()
         self.log_path = root / "daemon.log"
         self.config_path = root / "imaging-ai.toml"
+        root.mkdir(parents=True, exist_ok=True)
         self.config_path.write_text(
             f'[dicom]\nae_title = "{CALLED_AE}"\nport = {self.dicom_port}\n'
             'allowed_callers = [{ae_title = "STORESCU", host = "127.0.0.1"},'
@@ -37,11 +49,13 @@ class DaemonProcess:
             f'database_url = "{database_url}"\n'
             f"[http]\nport = {self.http_port}\n"
             f'tokens = [{{name = "it", token = "{ADMIN_TOKEN}", role = "admin"}}]\n'
+            f'[engines]\ndir = "{ENGINES_DIR}"\nbackend = "onnxruntime-cpu"\n'
             f"{extra}\n"
         )
         self.proc: subprocess.Popen[bytes] | None = None
 
-    def start(self, timeout_s: float = 30) -> None:
+    def start(self, timeout_s: float = 60) -> None:
+        """Start and wait until /healthz answers; raise with the log if it exits first."""
         log = self.log_path.open("ab")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "imaging_ai", "serve", "--config", str(self.config_path)],
@@ -61,9 +75,11 @@ class DaemonProcess:
         raise RuntimeError(f"daemon not ready within {timeout_s} s: {self.log()}")
 
     def log(self) -> str:
+        """The daemon's log so far."""
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
 
     def get(self, path: str) -> Any:
+        """GET a JSON API path with the admin token."""
         request = urllib.request.Request(
             f"http://127.0.0.1:{self.http_port}{path}",
             headers={"Authorization": f"Bearer {ADMIN_TOKEN}"},
@@ -72,14 +88,40 @@ class DaemonProcess:
             return json.loads(response.read())
 
     def studies(self) -> list[dict[str, Any]]:
-        return list(self.get("/api/v1/studies")["studies"])
+        """Every study the API lists."""
+        return list(self.get("/api/v1/studies?limit=500")["studies"])
+
+    def study(self, uid: str) -> dict[str, Any]:
+        """One study's API view."""
+        return dict(self.get(f"/api/v1/studies/{uid}"))
+
+    def send(self, files: list[Path], calling_ae: str = "STORESCU") -> None:
+        """Send files with DCMTK storescu (TCP_NODELAY on) and wait for it."""
+        subprocess.run(
+            [
+                "storescu",
+                "-aet",
+                calling_ae,
+                "-aec",
+                CALLED_AE,
+                "127.0.0.1",
+                str(self.dicom_port),
+                *map(str, files),
+            ],
+            check=True,
+            capture_output=True,
+            timeout=600,
+            env={**os.environ, "TCP_NODELAY": "1"},
+        )
 
     def kill(self) -> None:
+        """SIGKILL the main process (receivers die with it)."""
         assert self.proc is not None
         self.proc.kill()
         self.proc.wait(timeout=10)
 
-    def stop(self, timeout_s: float = 30) -> int:
+    def stop(self, timeout_s: float = 60) -> int:
+        """SIGTERM, wait for the documented shutdown; return the exit code."""
         assert self.proc is not None
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
