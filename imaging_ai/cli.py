@@ -101,6 +101,14 @@ def cmd_bench_ingest(args: argparse.Namespace) -> int:
     return run(args)
 
 
+def cmd_bench_schedule(args: argparse.Namespace) -> int:
+    """Benchmark the urgent study's turnaround under load."""
+    from imaging_ai.bench.schedule import run
+
+    setup_logging("WARNING")
+    return run(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser with every subcommand."""
     parser = argparse.ArgumentParser(prog="imaging-ai", description=__doc__)
@@ -144,6 +152,11 @@ def build_parser() -> argparse.ArgumentParser:
     ingest = bench_sub.add_parser("ingest", help="images/s into the daemon vs DCMTK storescp")
     ingest_arguments(ingest)
     ingest.set_defaults(func=cmd_bench_ingest)
+    from imaging_ai.bench.schedule import add_arguments as schedule_arguments
+
+    schedule = bench_sub.add_parser("schedule", help="urgent turnaround under load vs idle")
+    schedule_arguments(schedule)
+    schedule.set_defaults(func=cmd_bench_schedule)
     return parser
 
 
