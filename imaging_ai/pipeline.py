@@ -16,13 +16,14 @@ from typing import Any
 import uvicorn
 
 from imaging_ai import __version__
-from imaging_ai.analyse import load_models
+from imaging_ai.analyse import Models, load_models
 from imaging_ai.assemble import Assembler, routing_tags
 from imaging_ai.catalog import Catalog
 from imaging_ai.config import Config
 from imaging_ai.db.models import AuditEvent
 from imaging_ai.db.session import make_engine, session_factory, upgrade, utcnow
 from imaging_ai.errors import OutOfResources, StartupError
+from imaging_ai.models_watch import ModelWatcher
 from imaging_ai.outbox import Outbox
 from imaging_ai.process import Processor
 from imaging_ai.receive_pool import ReceiverPool, receiver_count
@@ -94,6 +95,7 @@ class Daemon:
             models.backend,
         )
         self.processor = Processor(self.sessions, self.scheduler, models, self.spool.root)
+        self.models = ModelWatcher(self.config.engines, data_dir, self._swap_models)
         # Receivers share their port (SO_REUSEPORT), so a second daemon could bind it too:
         # a plain bind first makes "port in use" a start-up error instead.
         _check_port_free("dicom", self.config.dicom.bind, self.config.dicom.port)
@@ -107,6 +109,7 @@ class Daemon:
         self.assembler.start()
         self.processor.start()
         self.outbox.start()
+        self.models.start()
 
     def readiness(self) -> dict[str, str]:
         """Checks behind /readyz."""
@@ -120,13 +123,31 @@ class Daemon:
         receivers = "ok" if alive == expected else f"{alive} of {expected} receivers running"
         return {"database": database_ready(self.sessions), "disk": disk, "receivers": receivers}
 
+    def _swap_models(self, models: Models) -> None:
+        assert self.processor is not None
+        # The next study takes the new models; the one in hand keeps the ones it started with.
+        self.processor.models = models
+        self._audit("daemon", "reload_models", self.config.engines.dir, "ok")
+
+    def reload_models(self, actor: str) -> None:
+        """Admin action / SIGHUP: validate and load the models again, in the background."""
+        self._audit(actor, "request_model_reload", self.config.engines.dir, "")
+        self.models.request_reload()
+
     def live_status(self) -> dict[str, Any]:
         """In-memory state for the status page."""
         claim = self.processor.current if self.processor else None
+        models = self.processor.models if self.processor else None
         return {
             "node": self.node,
             "receivers": {"processes": self.receivers.alive(), **self.receivers.stats.snapshot()},
             "processing": claim.study_uid if claim else None,
+            "models": {
+                m.card.name: {"version": m.card.version, "sha256": m.card.sha256[:12]}
+                for m in ((models.lungs, models.nodules) if models else ())
+            },
+            "backend": models.backend if models else None,
+            "models_error": self.models.last_error if self.processor else "",
         }
 
     # Admin actions (web.app.AdminActions): each is recorded in the audit log.
@@ -210,6 +231,8 @@ class Daemon:
         if self.processor is not None:
             self.processor.stop()
         self.outbox.stop()
+        if self.processor is not None:
+            self.models.stop()
         self.engine.dispose()
         log.info("imaging-ai stopped")
 
@@ -224,6 +247,7 @@ class Daemon:
 
         signal.signal(signal.SIGTERM, handler)
         signal.signal(signal.SIGINT, handler)
+        signal.signal(signal.SIGHUP, lambda signum, frame: self.models.request_reload())
 
 
 def _check_port_free(what: str, host: str, port: int) -> None:
