@@ -136,12 +136,12 @@ class Daemon:
 
     def live_status(self) -> dict[str, Any]:
         """In-memory state for the status page."""
-        claim = self.processor.current if self.processor else None
+        claims = self.processor.current if self.processor else []
         models = self.processor.models if self.processor else None
         return {
             "node": self.node,
             "receivers": {"processes": self.receivers.alive(), **self.receivers.stats.snapshot()},
-            "processing": claim.study_uid if claim else None,
+            "processing": [c.study_uid for c in claims],
             "models": {
                 m.card.name: {"version": m.card.version, "sha256": m.card.sha256[:12]}
                 for m in ((models.lungs, models.nodules) if models else ())

@@ -40,7 +40,12 @@ def impression(analysis: Analysis) -> str:
 
 
 class Processor:
-    """Claims jobs one at a time and runs them; one thread per node for now."""
+    """Runs up to ``max_in_flight`` studies at once, plus one slot kept for urgent work.
+
+    The kept slot means an urgent study never waits for a study in hand to finish before
+    it is claimed; with batching engines its slices then overtake the others' at the next
+    batch boundary.
+    """
 
     def __init__(
         self,
@@ -50,6 +55,7 @@ class Processor:
         spool_root: Path,
         on_report: Callable[[int], None] | None = None,
         poll_s: float = 0.5,
+        max_in_flight: int = 2,
     ) -> None:
         self.sessions = sessions
         self.scheduler = scheduler
@@ -57,44 +63,59 @@ class Processor:
         self.spool_root = spool_root
         self.on_report = on_report
         self.poll_s = poll_s
+        self.max_in_flight = max_in_flight
         self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        self.current: Claim | None = None
+        self._threads: list[threading.Thread] = []
+        self._current: dict[int, Claim] = {}
+        self._lock = threading.Lock()
+
+    @property
+    def current(self) -> list[Claim]:
+        """The studies in hand."""
+        with self._lock:
+            return list(self._current.values())
 
     def start(self) -> None:
-        """Process jobs in a background thread until stopped."""
-        self._thread = threading.Thread(target=self._run, name="processor", daemon=True)
-        self._thread.start()
+        """Process jobs in background threads until stopped."""
+        for slot in range(self.max_in_flight + 1):
+            urgent_only = slot == self.max_in_flight
+            thread = threading.Thread(
+                target=self._run, args=(urgent_only,), name=f"processor-{slot}", daemon=True
+            )
+            thread.start()
+            self._threads.append(thread)
 
     def stop(self, timeout_s: float = 60.0) -> None:
-        """Finish the study in hand (or give it back to the queue at the deadline)."""
+        """Finish the studies in hand, or give them back to the queue at the deadline."""
         self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout_s)
-            claim = self.current
-            if self._thread.is_alive() and claim is not None:
-                self.scheduler.requeue(claim, "daemon stopped while processing")
+        deadline = time.monotonic() + timeout_s
+        for thread in self._threads:
+            thread.join(max(0.0, deadline - time.monotonic()))
+        for claim in self.current:
+            self.scheduler.requeue(claim, "daemon stopped while processing")
 
-    def _run(self) -> None:
+    def _run(self, urgent_only: bool) -> None:
         while not self._stop.is_set():
             try:
-                worked = self.run_once()
+                worked = self.run_once(urgent_only)
             except Exception:
                 log.exception("processing loop error; retrying")
                 worked = False
             if not worked:
                 self._stop.wait(self.poll_s)
 
-    def run_once(self) -> bool:
+    def run_once(self, urgent_only: bool = False) -> bool:
         """Claim and process one job; False if none was runnable."""
-        claim = self.scheduler.claim()
+        claim = self.scheduler.claim(urgent_only=urgent_only)
         if claim is None:
             return False
-        self.current = claim
+        with self._lock:
+            self._current[claim.job_id] = claim
         try:
             self._process(claim)
         finally:
-            self.current = None
+            with self._lock:
+                self._current.pop(claim.job_id, None)
         return True
 
     def _process(self, claim: Claim) -> None:

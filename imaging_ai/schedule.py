@@ -51,15 +51,20 @@ class Scheduler:
         self.priority = priority or PriorityConfig()
         self.lease = timedelta(seconds=lease_s)
 
-    def claim(self, now: datetime | None = None) -> Claim | None:
+    def claim(self, now: datetime | None = None, urgent_only: bool = False) -> Claim | None:
         """Claim the next job by policy, or None when nothing is runnable."""
         now = now or utcnow()
         self.requeue_expired(now)
         with self.sessions() as s, s.begin():
             paused = set(s.scalars(select(ClassControl.priority).where(ClassControl.paused)))
+            max_rank = RANKS["urgent"] if urgent_only else max(RANKS.values())
             query = (
                 select(Job)
-                .where(Job.state == "queued", Job.priority.not_in(paused or {""}))
+                .where(
+                    Job.state == "queued",
+                    Job.priority.not_in(paused or {""}),
+                    Job.rank <= max_rank,
+                )
                 .order_by(Job.rank, Job.deadline, Job.id)
                 .limit(1)
                 .with_for_update(skip_locked=True)

@@ -168,3 +168,13 @@ def test_retry_failed_study(engine: Engine) -> None:
     again = scheduler.claim(T0 + timedelta(minutes=1))
     assert again is not None and again.job_id == claim.job_id
     assert again.deadline == T0 + timedelta(minutes=1, seconds=300)
+
+
+def test_urgent_only_claims_leave_other_classes(engine: Engine) -> None:
+    add_job(engine, "1.1", "outpatient", 10)
+    add_job(engine, "1.2", "inpatient", 20)
+    scheduler = Scheduler(session_factory(engine), "node-a")
+    assert scheduler.claim(T0, urgent_only=True) is None
+    add_job(engine, "1.3", "urgent", 60)
+    claim = scheduler.claim(T0, urgent_only=True)
+    assert claim is not None and claim.study_uid == "1.3"
