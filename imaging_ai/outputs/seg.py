@@ -1,0 +1,184 @@
+"""Takes an Analysis and its source CT headers; gives the study's DICOM SEG (highdicom, BINARY).
+
+Segments, numbered from 1 in this order and only where they have voxels: right lung, left
+lung, then one segment per lesion (largest first), each with the tracking UID that the SR and
+the FHIR report use for the same finding. Lung segments exclude lesion voxels, as the label map
+does; the lung volumes reported elsewhere include them.
+
+Empty frames are omitted: a nodule spans a few slices of hundreds, so most frames of most
+segments are empty (a 300-slice study with six nodules: 424 of 2400 frames, 14 instead of 80
+MB). Every frame kept carries its own plane position and a reference to the source image it
+was derived from (Derivation Image Sequence), so viewers that place frames by position or by
+reference align them. A viewer that assumed frame i lies on source image i would not;
+``omit_empty_frames=False`` writes every frame of every segment for such a viewer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING
+
+import highdicom as hd
+import numpy as np
+from numpy.typing import NDArray
+from pydicom.dataset import Dataset
+
+from imaging_ai.errors import UnsupportedInput
+from imaging_ai.outputs.common import (
+    ARTIFICIAL_INTELLIGENCE,
+    LUNG,
+    MANUFACTURER,
+    Algorithm,
+    Finding,
+    ModelId,
+    dicom_code,
+    findings,
+    ordered_sources,
+    pin_clock,
+    with_type2,
+)
+from imaging_ai.outputs.uids import OutputUids
+from imaging_ai.postprocess import LEFT_LUNG, RIGHT_LUNG
+
+if TYPE_CHECKING:  # importing it loads the inference engines
+    from imaging_ai.analyse import Analysis
+
+SEG_SERIES_NUMBER = 9101
+SEG_LABEL = "AI_LUNG_NODULES"  # ContentLabel is CS: upper case, at most 16 characters
+SEG_DESCRIPTION = "AI-generated lung and nodule segmentation, preliminary"
+_COLOURS = {"right-lung": "royalblue", "left-lung": "seagreen"}
+_LESION_COLOUR = "orangered"
+
+
+def build_segmentation(
+    analysis: Analysis,
+    source_datasets: Sequence[Dataset],
+    algorithm: Algorithm,
+    uids: OutputUids,
+    *,
+    created: datetime | None = None,
+    omit_empty_frames: bool = True,
+    series_number: int = SEG_SERIES_NUMBER,
+) -> hd.seg.Segmentation:
+    """Build the SEG of one analysed series.
+
+    Parameters
+    ----------
+    analysis
+        Label map (volume order) and lesions.
+    source_datasets
+        Headers of the source images, in any order (``read_headers``); every image of the
+        volume must be among them.
+    algorithm
+        Models (named per segment) and device (Manufacturer, serial number).
+    uids
+        The job's UIDs: SeriesInstanceUID, SOPInstanceUID and tracking UIDs.
+    created
+        Content and series date/time; default now. Pass the job's time for identical rebuilds.
+    omit_empty_frames
+        See the module docstring.
+    series_number
+        SeriesNumber of the SEG series.
+
+    Raises
+    ------
+    UnsupportedInput
+        Nothing was segmented (no lung and no lesion), or the source images cannot be mapped.
+    InvalidDataset
+        A source image of the volume is missing from ``source_datasets``.
+    """
+    sources, plane_order = ordered_sources(analysis, source_datasets)
+    labels, descriptions = _segments(analysis, algorithm, uids)
+    if not descriptions:
+        raise UnsupportedInput(
+            "the models found neither lung nor lesion: there is nothing to segment"
+        )
+    when = (created or datetime.now(UTC)).astimezone()
+    seg = hd.seg.Segmentation(
+        source_images=[with_type2(sources[0]), *sources[1:]],
+        pixel_array=labels if plane_order is None else labels[plane_order],
+        segmentation_type=hd.seg.SegmentationTypeValues.BINARY,
+        segment_descriptions=descriptions,
+        series_instance_uid=uids.seg_series,
+        series_number=series_number,
+        sop_instance_uid=uids.seg_instance,
+        instance_number=1,
+        manufacturer=MANUFACTURER,
+        manufacturer_model_name=MANUFACTURER,
+        software_versions=algorithm.software_version,
+        device_serial_number=algorithm.device_serial_number,
+        content_label=SEG_LABEL,
+        content_description=SEG_DESCRIPTION,
+        series_description="AI lung and nodule segmentation (preliminary)",
+        institution_name=algorithm.institution_name or None,
+        content_date=when.date(),
+        content_time=when.time().replace(microsecond=0, tzinfo=None),
+        series_date=when.date(),
+        series_time=when.time().replace(microsecond=0, tzinfo=None),
+        omit_empty_frames=omit_empty_frames,
+    )
+    pin_clock(seg, when)
+    _pin_dimension_organization(seg, uids.uid("seg-dimension-organization"))
+    return seg
+
+
+def _pin_dimension_organization(seg: hd.seg.Segmentation, uid: str) -> None:
+    """highdicom draws a random Dimension Organization UID; the job's own keeps rebuilds equal."""
+    for item in seg.DimensionOrganizationSequence:
+        item.DimensionOrganizationUID = uid
+    for item in seg.DimensionIndexSequence:
+        item.DimensionOrganizationUID = uid
+
+
+def _segments(
+    analysis: Analysis, algorithm: Algorithm, uids: OutputUids
+) -> tuple[NDArray[np.integer], list[hd.seg.SegmentDescription]]:
+    """A label map of segment numbers and the segments' descriptions, skipping empty ones."""
+    by_key = {f.key: f for f in findings(analysis, uids)}
+    present = np.bincount(analysis.labels.ravel(), minlength=256)
+    organs = [("right-lung", RIGHT_LUNG), ("left-lung", LEFT_LUNG)]
+    kept = [key for key, value in organs if present[value]]
+    kept += [f"nodule-{lesion.number}" for lesion in analysis.lesions if lesion.voxels]
+    dtype = np.uint8 if len(kept) < 256 else np.uint16
+    out = np.zeros(analysis.labels.shape, dtype)
+    descriptions = []
+    for number, key in enumerate(kept, start=1):
+        finding = by_key[key]
+        if finding.lesion is None:
+            out[analysis.labels == dict(organs)[key]] = number
+        else:
+            out[tuple(finding.lesion.voxel_index.T)] = number
+        model = algorithm.lungs if finding.lesion is None else algorithm.nodules
+        descriptions.append(_description(number, finding, model))
+    return out, descriptions
+
+
+def _description(number: int, finding: Finding, model: ModelId) -> hd.seg.SegmentDescription:
+    lesion = finding.lesion is not None
+    return hd.seg.SegmentDescription(
+        segment_number=number,
+        segment_label=finding.label,
+        segmented_property_category=dicom_code(finding.category),
+        segmented_property_type=dicom_code(finding.type),
+        algorithm_type=hd.seg.SegmentAlgorithmTypeValues.AUTOMATIC,
+        algorithm_identification=algorithm_identification(model),
+        tracking_uid=finding.tracking_uid,
+        tracking_id=finding.label,
+        anatomic_regions=[dicom_code(LUNG)] if lesion else None,
+        primary_anatomic_structures=[dicom_code(finding.site)]
+        if lesion and finding.site != LUNG
+        else None,
+        display_color=hd.color.CIELabColor.from_string(_COLOURS.get(finding.key, _LESION_COLOUR)),
+    )
+
+
+def algorithm_identification(model: ModelId) -> hd.AlgorithmIdentificationSequence:
+    """Algorithm Identification Sequence for a model: name, version, family AI, weights hash."""
+    return hd.AlgorithmIdentificationSequence(
+        name=model.name,
+        family=dicom_code(ARTIFICIAL_INTELLIGENCE),
+        version=model.version,
+        source=MANUFACTURER,
+        parameters={"onnx_sha256": model.sha256} if model.sha256 else None,
+    )

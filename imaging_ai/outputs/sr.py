@@ -1,0 +1,208 @@
+"""Takes an Analysis, its source headers and its SEG; gives a TID 1500 Measurement Report SR.
+
+One TID 1411 volumetric ROI group per lesion and per lung, each pointing at its SEG segment
+(and through it at the source images), with the tracking identifier and UID the SEG uses,
+the finding and its site, the measurements in UCUM units and the model that made them. The
+observer is the device (this daemon). The document is flagged PARTIAL, UNVERIFIED and
+PRELIMINARY, and says in words that it is AI-generated and not verified.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING
+
+import highdicom as hd
+from pydicom.dataset import Dataset
+from pydicom.sr.codedict import codes
+from pydicom.uid import generate_uid
+
+from imaging_ai.modelcard import CodedConcept
+from imaging_ai.outputs.common import (
+    AI_STATEMENT,
+    CT_CHEST,
+    MANUFACTURER,
+    Algorithm,
+    Finding,
+    ModelId,
+    Quantity,
+    dicom_code,
+    findings,
+    ordered_sources,
+    pin_clock,
+    with_type2,
+)
+from imaging_ai.outputs.uids import OutputUids
+
+if TYPE_CHECKING:  # importing it loads the inference engines
+    from imaging_ai.analyse import Analysis
+
+SR_SERIES_NUMBER = 9102
+QUALITATIVE_EVALUATIONS = CodedConcept("C0034375", "UMLS", "Qualitative Evaluations")
+
+
+def build_measurement_report(
+    analysis: Analysis,
+    source_datasets: Sequence[Dataset],
+    segmentation: hd.seg.Segmentation,
+    algorithm: Algorithm,
+    uids: OutputUids,
+    *,
+    impression: str = "",
+    created: datetime | None = None,
+    series_number: int = SR_SERIES_NUMBER,
+) -> hd.sr.Comprehensive3DSR:
+    """Build the measurement report of one analysed series.
+
+    Parameters
+    ----------
+    analysis
+        Lesions and organ volumes.
+    source_datasets
+        Headers of the source images, in any order; they are recorded as evidence.
+    segmentation
+        The SEG of the same job (:func:`build_segmentation`); groups reference its segments by
+        tracking UID. A finding without a segment (a lung with no voxels) gets no group.
+    algorithm
+        Models (per group) and device (observer context).
+    uids
+        The job's UIDs: SeriesInstanceUID, SOPInstanceUID, tracking UIDs.
+    impression
+        Written as an Impression text beside the AI statement when given.
+    created
+        Content and series date/time; default now. Pass the job's time for identical rebuilds.
+    series_number
+        SeriesNumber of the SR series.
+    """
+    sources, _ = ordered_sources(analysis, source_datasets)
+    groups = [
+        _group(finding, numbers[0], segmentation, algorithm)
+        for finding in findings(analysis, uids)
+        if (numbers := segmentation.get_segment_numbers(tracking_uid=finding.tracking_uid))
+    ]
+    report = hd.sr.MeasurementReport(
+        observation_context=_observation_context(algorithm),
+        procedure_reported=dicom_code(CT_CHEST),
+        imaging_measurements=groups,
+    )
+    report[0].ContentSequence.append(_statements(algorithm, impression))
+    when = (created or datetime.now(UTC)).astimezone()
+    evidence = [with_type2(sources[0]), *sources[1:], segmentation]
+    sr = _document(report[0], evidence, algorithm, uids, when, series_number)
+    pin_clock(sr, when)
+    return sr
+
+
+def _document(
+    content: Dataset,
+    evidence: list[Dataset],
+    algorithm: Algorithm,
+    uids: OutputUids,
+    when: datetime,
+    series_number: int,
+) -> hd.sr.Comprehensive3DSR:
+    """The SR instance: PARTIAL, UNVERIFIED and PRELIMINARY, patient and study from evidence."""
+    clock = when.time().replace(microsecond=0, tzinfo=None)
+    return hd.sr.Comprehensive3DSR(
+        evidence=evidence,
+        content=content,
+        series_instance_uid=uids.sr_series,
+        series_number=series_number,
+        sop_instance_uid=uids.sr_instance,
+        instance_number=1,
+        manufacturer=MANUFACTURER,
+        is_complete=False,
+        is_final=False,
+        is_verified=False,
+        institution_name=algorithm.institution_name or None,
+        series_description="AI nodule measurements (preliminary)",
+        content_date=when.date(),
+        content_time=clock,
+        series_date=when.date(),
+        series_time=clock,
+    )
+
+
+def _group(
+    finding: Finding, segment_number: int, segmentation: hd.seg.Segmentation, algorithm: Algorithm
+) -> hd.sr.VolumetricROIMeasurementsAndQualitativeEvaluations:
+    """TID 1411 for one finding, referencing its segment and the segment's source images."""
+    model = algorithm.lungs if finding.lesion is None else algorithm.nodules
+    return hd.sr.VolumetricROIMeasurementsAndQualitativeEvaluations(
+        tracking_identifier=hd.sr.TrackingIdentifier(
+            uid=finding.tracking_uid, identifier=finding.label
+        ),
+        referenced_segment=hd.sr.ReferencedSegment.from_segmentation(
+            segmentation, segment_number=segment_number
+        ),
+        finding_type=dicom_code(finding.type),
+        finding_category=dicom_code(finding.category),
+        algorithm_id=_algorithm_id(model),
+        finding_sites=[hd.sr.FindingSite(dicom_code(finding.site))],
+        measurements=[_measurement(q) for q in finding.quantities],
+    )
+
+
+def _measurement(quantity: Quantity) -> hd.sr.Measurement:
+    # The group names the algorithm once (TID 4019); repeating it per measurement adds nothing.
+    return hd.sr.Measurement(
+        name=dicom_code(quantity.name),
+        value=quantity.value,
+        unit=dicom_code(quantity.unit.concept),
+        derivation=dicom_code(quantity.derivation) if quantity.derivation else None,
+    )
+
+
+def _algorithm_id(model: ModelId) -> hd.sr.AlgorithmIdentification:
+    """TID 4019: the model's name and version, and the hash of its weights."""
+    parameters = [f"onnx_sha256={model.sha256}"] if model.sha256 else None
+    return hd.sr.AlgorithmIdentification(
+        name=model.name, version=model.version, parameters=parameters
+    )
+
+
+def device_uid(algorithm: Algorithm) -> str:
+    """Device Observer UID: stable per installation (derived from its serial number)."""
+    return str(generate_uid(entropy_srcs=[MANUFACTURER, "device", algorithm.device_serial_number]))
+
+
+def _observation_context(algorithm: Algorithm) -> hd.sr.ObservationContext:
+    """TID 1001 with the device as the only observer: no person has seen this result."""
+    device = hd.sr.DeviceObserverIdentifyingAttributes(
+        uid=device_uid(algorithm),
+        name=MANUFACTURER,
+        manufacturer_name=MANUFACTURER,
+        model_name=f"{algorithm.lungs.name} + {algorithm.nodules.name}"[:64],
+        serial_number=algorithm.device_serial_number,
+    )
+    return hd.sr.ObservationContext(
+        observer_device_context=hd.sr.ObserverContext(
+            observer_type=codes.DCM.Device, observer_identifying_attributes=device
+        )
+    )
+
+
+def _statements(algorithm: Algorithm, impression: str) -> hd.sr.ContainerContentItem:
+    """TID 1500 Qualitative Evaluations: that this is AI-made and unverified, and the impression."""
+    container = hd.sr.ContainerContentItem(
+        name=dicom_code(QUALITATIVE_EVALUATIONS),
+        relationship_type=hd.sr.RelationshipTypeValues.CONTAINS,
+    )
+    items = [
+        hd.sr.TextContentItem(
+            name=codes.DCM.Comment,
+            value=f"{AI_STATEMENT} Made by {algorithm.summary}.",
+            relationship_type=hd.sr.RelationshipTypeValues.CONTAINS,
+        )
+    ]
+    if impression:
+        items.append(
+            hd.sr.TextContentItem(
+                name=codes.DCM.Impression,
+                value=impression,
+                relationship_type=hd.sr.RelationshipTypeValues.CONTAINS,
+            )
+        )
+    container.ContentSequence = hd.sr.ContentSequence(items)
+    return container
