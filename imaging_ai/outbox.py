@@ -42,6 +42,7 @@ class Payload:
     kind: str  # "seg", "sr" (DICOM files) or "oru" (HL7 v2 text)
     path: Path
     object_uid: str
+    destination: str = ""  # one destination key, or "" for every destination of its kind
 
 
 def pacs_key(dest: PacsDestination) -> str:
@@ -86,7 +87,8 @@ class Outbox:
         count = 0
         for payload in payloads:
             targets = self.ris if payload.kind == "oru" else self.pacs
-            for key in targets:
+            keys = [payload.destination] if payload.destination else list(targets)
+            for key in (k for k in keys if k in targets):
                 s.add(
                     Delivery(
                         study_id=study.id,
@@ -189,7 +191,8 @@ class Outbox:
     def _send_hl7(self, dest: RisDestination, row: Delivery) -> str:
         if self.hl7_sender is None:
             return "no HL7 sender available"
-        message = (self.data_dir / row.payload).read_text(encoding="utf-8")
+        # Bytes, not read_text: HL7 separates segments with CR, which text mode would change.
+        message = (self.data_dir / row.payload).read_bytes().decode("utf-8")
         try:
             self.hl7_sender(dest, message)
         except DeliveryError as exc:

@@ -19,12 +19,13 @@ from imaging_ai import __version__
 from imaging_ai.analyse import Models, load_models
 from imaging_ai.assemble import Assembler, routing_tags
 from imaging_ai.catalog import Catalog
-from imaging_ai.config import Config
+from imaging_ai.config import Config, RisDestination
 from imaging_ai.db.models import AuditEvent
 from imaging_ai.db.session import make_engine, session_factory, upgrade, utcnow
 from imaging_ai.errors import OutOfResources, StartupError
 from imaging_ai.models_watch import ModelWatcher
 from imaging_ai.outbox import Outbox
+from imaging_ai.outputs.mllp import send_oru
 from imaging_ai.process import Processor
 from imaging_ai.receive_pool import ReceiverPool, receiver_count
 from imaging_ai.schedule import Scheduler
@@ -67,7 +68,9 @@ class Daemon:
         self.node = f"{config.storage.node}:{os.getpid()}"
         self.scheduler = Scheduler(self.sessions, self.node, config.priority)
         self.processor: Processor | None = None
-        self.outbox = Outbox(self.sessions, config, Path(config.storage.data_dir))
+        self.outbox = Outbox(
+            self.sessions, config, Path(config.storage.data_dir), hl7_sender=_send_hl7
+        )
         self.http: _Server | None = None
         self._stopping = threading.Event()
 
@@ -94,7 +97,7 @@ class Daemon:
             ", ".join(f"{m.card.name} {m.card.version}" for m in (models.lungs, models.nodules)),
             models.backend,
         )
-        self.processor = Processor(self.sessions, self.scheduler, models, self.spool.root)
+        self.processor = Processor(self.sessions, self.scheduler, models, self.config, self.outbox)
         self.models = ModelWatcher(self.config.engines, data_dir, self._swap_models)
         # Receivers share their port (SO_REUSEPORT), so a second daemon could bind it too:
         # a plain bind first makes "port in use" a start-up error instead.
@@ -248,6 +251,10 @@ class Daemon:
         signal.signal(signal.SIGTERM, handler)
         signal.signal(signal.SIGINT, handler)
         signal.signal(signal.SIGHUP, lambda signum, frame: self.models.request_reload())
+
+
+def _send_hl7(dest: RisDestination, message: str) -> None:
+    send_oru(dest.host, dest.port, message, timeout=30.0)
 
 
 def _check_port_free(what: str, host: str, port: int) -> None:

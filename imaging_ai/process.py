@@ -5,7 +5,6 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
 
@@ -13,9 +12,12 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 from imaging_ai.analyse import Analysis, Models, analyse_study
+from imaging_ai.config import Config
 from imaging_ai.db.models import Instance, Job, Report, Series, Study
 from imaging_ai.db.session import utcnow
 from imaging_ai.errors import InvalidDataset, UnsupportedInput
+from imaging_ai.outbox import Outbox
+from imaging_ai.outputs.files import ResultFiles, write_results
 from imaging_ai.schedule import Claim, Scheduler
 
 log = logging.getLogger(__name__)
@@ -52,16 +54,17 @@ class Processor:
         sessions: sessionmaker[Session],
         scheduler: Scheduler,
         models: Models,
-        spool_root: Path,
-        on_report: Callable[[int], None] | None = None,
+        config: Config,
+        outbox: Outbox,
         poll_s: float = 0.5,
         max_in_flight: int = 2,
     ) -> None:
         self.sessions = sessions
         self.scheduler = scheduler
         self.models = models
-        self.spool_root = spool_root
-        self.on_report = on_report
+        self.config = config
+        self.spool_root = config.storage.spool_dir
+        self.outbox = outbox
         self.poll_s = poll_s
         self.max_in_flight = max_in_flight
         self._stop = threading.Event()
@@ -122,7 +125,12 @@ class Processor:
         started = time.perf_counter()
         keep_lease = _LeaseKeeper(self.scheduler, claim)
         try:
-            analysis = analyse_study(self._files(claim), self.models)
+            files = self._files(claim)
+            analysis = analyse_study(files, self.models)
+            created, text = utcnow(), impression(analysis)
+            t = time.perf_counter()
+            results = write_results(analysis, files, claim.job_id, created, text, self.config)
+            timings = {**analysis.timings_s, "outputs": time.perf_counter() - t}
         except PERMANENT as exc:
             self._fail(claim, str(exc))
             return
@@ -135,9 +143,8 @@ class Processor:
             return
         finally:
             keep_lease.stop()
-        report_id = self._record(claim, analysis, time.perf_counter() - started)
-        if self.on_report is not None:
-            self.on_report(report_id)
+        timings["total"] = time.perf_counter() - started
+        self._record(claim, analysis, timings, results, created, text)
 
     def _files(self, claim: Claim) -> list[Path]:
         with self.sessions() as s:
@@ -148,28 +155,42 @@ class Processor:
             ).all()
         return [self.spool_root / p for p in paths]
 
-    def _record(self, claim: Claim, analysis: Analysis, seconds: float) -> int:
-        now = utcnow()
+    def _record(
+        self,
+        claim: Claim,
+        analysis: Analysis,
+        timings: dict[str, float],
+        results: ResultFiles,
+        created: datetime,
+        text: str,
+    ) -> None:
+        """Report, job, study and deliveries in one transaction: all or nothing."""
+        data_dir = Path(self.config.storage.data_dir)
         with self.sessions() as s, s.begin():
             job, study = s.get(Job, claim.job_id), s.get(Study, claim.study_id)
             assert job is not None and study is not None
-            findings = analysis.findings_json()
             report = s.scalars(select(Report).where(Report.study_id == study.id)).first()
             report = report or Report(study_id=study.id)
-            report.job_id, report.created_at = job.id, now
-            report.impression, report.findings = impression(analysis), findings
+            report.job_id, report.created_at, report.impression = job.id, created, text
+            report.findings = {
+                **analysis.findings_json(),
+                "files": {
+                    "folder": str(results.folder.relative_to(data_dir)),
+                    "fhir": str(results.fhir.relative_to(data_dir)),
+                },
+            }
             s.add(report)
-            job.state, job.finished_at, job.lease_until = "done", now, None
-            job.timings = {**analysis.timings_s, "total": seconds}
-            study.state, study.error = "done", ""
-            s.flush()
-            log.info(
-                "study %d analysed in %.1f s: %d lesion(s)",
-                study.id,
-                seconds,
-                len(analysis.lesions),
-            )
-            return report.id
+            job.state, job.finished_at, job.lease_until = "done", created, None
+            job.timings = timings
+            study.error = ""
+            deliveries = self.outbox.enqueue(s, study, list(results.payloads), created)
+        log.info(
+            "study %d analysed in %.1f s: %d lesion(s), %d deliveries",
+            claim.study_id,
+            timings["total"],
+            len(analysis.lesions),
+            deliveries,
+        )
 
     def _fail(self, claim: Claim, reason: str) -> None:
         log.error("study %d failed: %s", claim.study_id, reason)

@@ -33,18 +33,25 @@ def free_port() -> int:
 class DaemonProcess:
     """One daemon: its config file, data directory, ports and log file."""
 
-    def __init__(self, root: Path, extra: str = "", database_url: str = "") -> None:
+    def __init__(
+        self,
+        root: Path,
+        extra: str = "",
+        database_url: str = "",
+        calling_aes: tuple[str, ...] = ("STORESCU", "PACS"),
+        dicom_port: int = 0,
+    ) -> None:
         self.root = root
         self.data_dir = root / "data"
-        self.dicom_port = free_port()
+        self.dicom_port = dicom_port or free_port()
         self.http_port = free_port()
         self.log_path = root / "daemon.log"
         self.config_path = root / "imaging-ai.toml"
         root.mkdir(parents=True, exist_ok=True)
+        callers = ", ".join(f'{{ae_title = "{ae}", host = "127.0.0.1"}}' for ae in calling_aes)
         self.config_path.write_text(
             f'[dicom]\nae_title = "{CALLED_AE}"\nport = {self.dicom_port}\n'
-            'allowed_callers = [{ae_title = "STORESCU", host = "127.0.0.1"},'
-            ' {ae_title = "PACS", host = "127.0.0.1"}]\n'
+            f"allowed_callers = [{callers}]\n"
             f'[storage]\ndata_dir = "{self.data_dir}"\nmin_free_mb = 16\n'
             f'database_url = "{database_url}"\n'
             f"[http]\nport = {self.http_port}\n"

@@ -1,0 +1,102 @@
+"""Takes an analysis and its job and gives the result files on disk, ready for the outbox.
+
+One folder per job under ``<data_dir>/results/<study uid>/<job id>/``: ``seg.dcm``, ``sr.dcm``,
+``oru-<n>.hl7`` (one per RIS: the message header names its receiver) and ``fhir.json``. Each
+file is written atomically (temporary name, fsync, rename). The same job rebuilt gives the
+same bytes (deterministic UIDs, pinned creation time), so a retry resends the same objects.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+
+from imaging_ai.analyse import Analysis
+from imaging_ai.config import Config
+from imaging_ai.outbox import Payload, ris_key
+from imaging_ai.outputs.common import Algorithm, build_report, read_headers
+from imaging_ai.outputs.fhir import diagnostic_report_bundle
+from imaging_ai.outputs.hl7 import build_oru
+from imaging_ai.outputs.seg import build_segmentation
+from imaging_ai.outputs.sr import build_measurement_report
+from imaging_ai.outputs.uids import output_uids
+
+
+@dataclass(frozen=True)
+class ResultFiles:
+    """What was written for one job."""
+
+    folder: Path
+    payloads: tuple[Payload, ...]
+    fhir: Path
+
+
+def write_results(
+    analysis: Analysis,
+    sources: list[Path],
+    job_id: int,
+    created: datetime,
+    impression: str,
+    config: Config,
+) -> ResultFiles:
+    """Build SEG, SR, ORU and FHIR for a job and write them; SEG comes first (SR refers to it)."""
+    data_dir = Path(config.storage.data_dir)
+    folder = data_dir / "results" / analysis.volume.study_instance_uid / str(job_id)
+    folder.mkdir(parents=True, exist_ok=True)
+    headers = read_headers(sources)
+    uids = output_uids(analysis.volume.study_instance_uid, job_id)
+    algorithm = Algorithm.from_analysis(
+        analysis,
+        device_serial_number=config.storage.node,
+        institution_name=config.outputs.institution,
+    )
+    seg = build_segmentation(analysis, headers, algorithm, uids, created=created)
+    sr = build_measurement_report(
+        analysis, headers, seg, algorithm, uids, impression=impression, created=created
+    )
+    payloads = [
+        Payload("seg", _save_dicom(seg, folder / "seg.dcm"), uids.seg_instance),
+        Payload("sr", _save_dicom(sr, folder / "sr.dcm"), uids.sr_instance),
+    ]
+    report = build_report(analysis, headers, algorithm, uids, impression, created)
+    for n, ris in enumerate(config.outputs.ris):
+        key = ris_key(ris)
+        control_id = uids.message_control_id(key)
+        message = build_oru(
+            report,
+            receiving_application=ris.receiving_application,
+            receiving_facility=ris.receiving_facility,
+            control_id=control_id,
+        )
+        path = _save_bytes(folder / f"oru-{n}.hl7", message.encode("utf-8"))
+        payloads.append(Payload("oru", path, control_id, destination=key))
+    bundle = diagnostic_report_bundle(report)
+    fhir = _save_bytes(folder / "fhir.json", json.dumps(bundle, indent=1).encode("utf-8"))
+    return ResultFiles(folder, tuple(payloads), fhir)
+
+
+def _save_dicom(dataset: object, path: Path) -> Path:
+    tmp = path.with_suffix(".tmp")
+    dataset.save_as(tmp, enforce_file_format=True)  # type: ignore[attr-defined]
+    _fsync(tmp)
+    os.replace(tmp, path)
+    return path
+
+
+def _save_bytes(path: Path, data: bytes) -> Path:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_bytes(data)
+    _fsync(tmp)
+    os.replace(tmp, path)
+    return path
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
