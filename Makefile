@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 CONFIG ?= deploy/imaging-ai.dev.toml
-DEB_TEST_PACKAGES := dcmtk dicom3tools postgresql orthanc chromium chromium-driver
+DEB_TEST_PACKAGES := dcmtk dicom3tools postgresql orthanc chromium chromium-driver prometheus
 
 .PHONY: install run test lint typecheck pytest deps-system clean bench-ingest
 

@@ -137,6 +137,11 @@ class HttpConfig:
     bind: str = "127.0.0.1"
     port: int = 8080
     tokens: tuple[Token, ...] = ()
+    tls_cert: str = ""
+    tls_key: str = ""
+    session_secret: Secret = field(default_factory=lambda: Secret(""))
+    cookie_secure: bool = True
+    session_max_age_s: float = 28800.0
 
 
 @dataclass(frozen=True)
@@ -296,6 +301,7 @@ def _convert(key: str, type_name: Any, value: Any) -> Any:
         "tuple[AllowedCaller, ...]": _as_callers,
         "tuple[PriorityRule, ...]": _as_rules,
         "tuple[Token, ...]": _as_tokens,
+        "Secret": lambda key, value: Secret(_as_str(key, value)),
         "tuple[PacsDestination, ...]": _as_pacs,
         "tuple[RisDestination, ...]": _as_ris,
     }
@@ -490,6 +496,12 @@ def _validate_dicom(d: DicomConfig) -> None:
 def _validate_http(h: HttpConfig) -> None:
     _validate_address("http.bind", h.bind)
     _validate_port("http.port", h.port)
+    if bool(h.tls_cert) != bool(h.tls_key):
+        raise ConfigError("http.tls_cert and http.tls_key must be given together")
+    if h.session_secret and len(h.session_secret) < 32:
+        raise ConfigError("http.session_secret must be at least 32 characters when set")
+    if h.session_max_age_s <= 0:
+        raise ConfigError(f"http.session_max_age_s must be > 0, got {h.session_max_age_s}")
     names = set()
     for i, token in enumerate(h.tokens):
         if token.role not in ROLES:

@@ -30,7 +30,7 @@ from imaging_ai.process import Processor
 from imaging_ai.receive_pool import ReceiverPool, receiver_count
 from imaging_ai.schedule import Scheduler
 from imaging_ai.spool import Spool
-from imaging_ai.web.app import WebContext, create_app, database_ready
+from imaging_ai.web.app import WebContext, create_app, database_ready, tls_options
 from imaging_ai.web.auth import TokenStore
 
 log = logging.getLogger(__name__)
@@ -130,11 +130,11 @@ class Daemon:
         assert self.processor is not None
         # The next study takes the new models; the one in hand keeps the ones it started with.
         self.processor.models = models
-        self._audit("daemon", "reload_models", self.config.engines.dir, "ok")
+        self._audit("daemon", "models_reload", self.config.engines.dir, "ok")
 
     def reload_models(self, actor: str) -> None:
         """Admin action / SIGHUP: validate and load the models again, in the background."""
-        self._audit(actor, "request_model_reload", self.config.engines.dir, "")
+        self._audit(actor, "models_reload", self.config.engines.dir, "requested")
         self.models.request_reload()
 
     def live_status(self) -> dict[str, Any]:
@@ -195,7 +195,9 @@ class Daemon:
             self.readiness,
             live=self.live_status,
             actions=self,
+            config=self.config,
         )
+        tls = tls_options(self.config.http)
         uv_config = uvicorn.Config(
             create_app(ctx),
             host=self.config.http.bind,
@@ -203,6 +205,8 @@ class Daemon:
             log_level="warning",
             access_log=False,
             lifespan="off",
+            ssl_certfile=tls.get("ssl_certfile"),
+            ssl_keyfile=tls.get("ssl_keyfile"),
         )
         self.http = _Server(uv_config)
         log.info(

@@ -1,132 +1,50 @@
-"""Takes HTTP requests and gives JSON views of studies, health and readiness (Starlette)."""
+"""Takes HTTP requests; gives the RIS API (JSON), admin pages, metrics and health (Starlette)."""
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
-from dataclasses import dataclass
-from datetime import datetime
-from typing import Any, Protocol
+import os
+from collections.abc import Awaitable, Callable
+from urllib.parse import quote
 
-from sqlalchemy import func, select, text
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client.process_collector import ProcessCollector
+from sqlalchemy import text
 from sqlalchemy.orm import Session, sessionmaker
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
-from starlette.routing import Route
+from starlette.responses import JSONResponse, RedirectResponse, Response
+from starlette.routing import Mount, Route
+from starlette.staticfiles import StaticFiles
 
-from imaging_ai.db.models import AuditEvent, Instance, Job, Report, Series, Study
-from imaging_ai.db.session import utcnow
-from imaging_ai.web.auth import Principal, TokenStore
+from imaging_ai.errors import StartupError
+from imaging_ai.metrics import DaemonCollector
+from imaging_ai.web.actions import Actions
+from imaging_ai.web.admin import AdminPages
+from imaging_ai.web.api import RisApi
+from imaging_ai.web.context import AdminActions, WebContext
+from imaging_ai.web.headers import SecurityHeaders
+from imaging_ai.web.pages import Pages
+from imaging_ai.web.session import SignInThrottle
+from imaging_ai.web.signin import SignIn
+
+__all__ = ["AdminActions", "WebContext", "create_app", "database_ready", "tls_options"]
 
 log = logging.getLogger(__name__)
 
-MAX_PAGE = 500
 
+def create_app(ctx: WebContext, throttle: SignInThrottle | None = None) -> Starlette:
+    """Build the ASGI application.
 
-class AdminActions(Protocol):
-    """What an administrator can do from the status page; each is audited by the daemon."""
-
-    def force_complete(self, study_uid: str, actor: str) -> bool:
-        """Complete a study that is still receiving."""
-
-    def retry_study(self, study_uid: str, actor: str) -> bool:
-        """Queue a failed study again."""
-
-    def raise_priority(self, study_uid: str, priority: str, actor: str) -> bool:
-        """Move a queued study to a more urgent class."""
-
-    def set_paused(self, priority: str, paused: bool, actor: str) -> None:
-        """Pause or resume a priority class."""
-
-    def retry_delivery(self, delivery_id: int, actor: str) -> bool:
-        """Try a pending delivery now."""
-
-    def cancel_delivery(self, delivery_id: int, actor: str) -> bool:
-        """Stop trying a delivery."""
-
-
-def _no_live_status() -> dict[str, Any]:
-    return {}
-
-
-@dataclass(frozen=True)
-class WebContext:
-    """What the web app needs from the daemon, passed in explicitly.
-
-    ``live`` returns in-memory state for the status page (receivers, workers, the study in
-    hand); ``actions`` is None where the app runs without a daemon (tests of read views).
+    Parameters
+    ----------
+    ctx
+        What the app needs from the daemon.
+    throttle
+        Failed sign-in slowing (tests pass one without delays).
     """
-
-    sessions: sessionmaker[Session]
-    tokens: TokenStore
-    readiness: Callable[[], dict[str, str]]
-    live: Callable[[], dict[str, Any]] = _no_live_status
-    actions: AdminActions | None = None
-
-
-def create_app(ctx: WebContext) -> Starlette:
-    """Build the ASGI application."""
-
-    def require(request: Request, *roles: str) -> Principal:
-        principal = ctx.tokens.from_request(request)
-        if principal is None:
-            raise HTTPException(401, "a valid Authorization: Bearer token is required")
-        if principal.role not in roles:
-            raise HTTPException(403, f"role {principal.role!r} may not do this")
-        return principal
-
-    async def list_studies(request: Request) -> Response:
-        require(request, "ris", "admin")
-        limit = _int_param(request, "limit", 100, 1, MAX_PAGE)
-        with ctx.sessions() as s:
-            query = select(Study).order_by(Study.received_at.desc()).limit(limit)
-            if accession := request.query_params.get("accession"):
-                query = query.where(Study.accession_number == accession)
-            if state := request.query_params.get("state"):
-                query = query.where(Study.state == state)
-            studies = s.scalars(query).all()
-            rows = [study_json(s, study) for study in studies]
-        return JSONResponse({"studies": rows})
-
-    async def get_study(request: Request) -> Response:
-        require(request, "ris", "admin")
-        uid = request.path_params["study_uid"]
-        with ctx.sessions() as s:
-            study = s.scalars(select(Study).where(Study.study_instance_uid == uid)).first()
-            if study is None:
-                raise HTTPException(404, f"no study with Study Instance UID {uid}")
-            return JSONResponse(study_json(s, study))
-
-    async def get_report(request: Request) -> Response:
-        who = require(request, "ris", "admin")
-        uid = request.path_params["study_uid"]
-        with ctx.sessions() as s, s.begin():
-            row = s.execute(
-                select(Study, Report)
-                .join(Report, Report.study_id == Study.id)
-                .where(Study.study_instance_uid == uid)
-            ).first()
-            if row is None:
-                raise HTTPException(404, f"no report for Study Instance UID {uid}")
-            audit(s, who, "read_report", uid, request)
-            return JSONResponse(report_json(s, row[0], row[1]))
-
-    async def list_reports(request: Request) -> Response:
-        who = require(request, "ris", "admin")
-        accession = request.query_params.get("accession")
-        if not accession:
-            raise HTTPException(400, "query parameter accession is required")
-        with ctx.sessions() as s, s.begin():
-            rows = s.execute(
-                select(Study, Report)
-                .join(Report, Report.study_id == Study.id)
-                .where(Study.accession_number == accession)
-                .order_by(Report.created_at)
-            ).all()
-            audit(s, who, "read_report", f"accession {accession}", request)
-            return JSONResponse({"reports": [report_json(s, st, rp) for st, rp in rows]})
 
     async def healthz(request: Request) -> Response:
         return JSONResponse({"status": "alive"})
@@ -136,93 +54,91 @@ def create_app(ctx: WebContext) -> Starlette:
         ready = all(v == "ok" for v in checks.values())
         return JSONResponse({"ready": ready, "checks": checks}, status_code=200 if ready else 503)
 
+    pages = Pages(ctx)
     routes = [
-        Route("/api/v1/studies", list_studies),
-        Route("/api/v1/studies/{study_uid}", get_study),
-        Route("/api/v1/reports", list_reports),
-        Route("/api/v1/reports/{study_uid}", get_report),
+        *RisApi(ctx).routes(),
         Route("/healthz", healthz),
         Route("/readyz", readyz),
+        Route("/metrics", metrics_endpoint(ctx)),
+        Route("/", _home),
+        *SignIn(pages, throttle).routes(),
+        *AdminPages(pages).routes(),
+        *Actions(pages).routes(),
+        Mount("/static", StaticFiles(packages=[("imaging_ai.web", "static")]), name="static"),
     ]
-    app = Starlette(routes=routes, exception_handlers={HTTPException: _http_error})
-    return app
+    handler = error_handler(pages)
+    return Starlette(
+        routes=routes,
+        middleware=[Middleware(SecurityHeaders)],
+        exception_handlers={HTTPException: handler, Exception: handler},
+    )
 
 
-async def _http_error(request: Request, exc: Exception) -> Response:
-    assert isinstance(exc, HTTPException)
-    headers = {"WWW-Authenticate": "Bearer"} if exc.status_code == 401 else None
-    return JSONResponse({"error": exc.detail}, status_code=exc.status_code, headers=headers)
+def metrics_endpoint(ctx: WebContext) -> Callable[[Request], Response]:
+    """``/metrics``: Prometheus text format from a registry of this app's own."""
+    registry = CollectorRegistry(auto_describe=False)
+    storage = ctx.config.storage
+    collector = DaemonCollector(
+        ctx.sessions, ctx.config.priority, ctx.live, storage.spool_dir, storage.min_free_mb * 2**20
+    )
+    registry.register(collector)
+    ProcessCollector(registry=registry)
+
+    def metrics(request: Request) -> Response:
+        # A plain function: Starlette runs it in a thread, off the event loop, as it queries.
+        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+
+    return metrics
 
 
-def _int_param(request: Request, name: str, default: int, low: int, high: int) -> int:
-    raw = request.query_params.get(name)
-    if raw is None:
-        return default
-    try:
-        value = int(raw)
-    except ValueError:
-        raise HTTPException(400, f"query parameter {name} must be an integer") from None
-    if not low <= value <= high:
-        raise HTTPException(400, f"query parameter {name} must be between {low} and {high}")
-    return value
+def error_handler(pages: Pages) -> Callable[[Request, Exception], Awaitable[Response]]:
+    """The one error handler: JSON for the API and scripts, pages for people in browsers.
+
+    A browser without a session that asks for an admin page is sent to the sign-in form.
+    Unexpected exceptions answer 500 without details (the server logs them).
+    """
+
+    async def handle(request: Request, exc: Exception) -> Response:
+        if isinstance(exc, HTTPException):
+            code, message = exc.status_code, str(exc.detail)
+        else:
+            code, message = 500, "internal error: the daemon's log has the details"
+        browser = request.url.path.startswith("/admin") and "authorization" not in request.headers
+        if browser and code == 401:
+            here = request.url.path + (f"?{request.url.query}" if request.url.query else "")
+            return RedirectResponse(f"/admin/signin?next={quote(here)}", 303)
+        if browser:
+            return pages.render(request, "error.html", None, code, code=code, message=message)
+        headers = {"WWW-Authenticate": "Bearer"} if code == 401 else None
+        return JSONResponse({"error": message}, status_code=code, headers=headers)
+
+    return handle
 
 
-def iso(value: datetime | None) -> str | None:
-    """ISO 8601 UTC with a Z, or None."""
-    if value is None:
-        return None
-    return value.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+def tls_options(http: object) -> dict[str, str]:
+    """uvicorn's ``ssl_certfile``/``ssl_keyfile`` from ``[http] tls_cert``/``tls_key``.
+
+    Empty when either is unset (plain HTTP; loopback by default). Read with ``getattr`` so
+    that this works before the keys exist in ``HttpConfig``.
+
+    Raises
+    ------
+    StartupError
+        When only one of the two is given, or a file cannot be read.
+    """
+    cert, key = (str(getattr(http, name, "") or "") for name in ("tls_cert", "tls_key"))
+    if not cert and not key:
+        return {}
+    if not (cert and key):
+        raise StartupError("http.tls_cert and http.tls_key must be given together")
+    for name, path in (("http.tls_cert", cert), ("http.tls_key", key)):
+        if not os.access(path, os.R_OK):
+            raise StartupError(f"{name} {path} cannot be read; check the path and permissions")
+    return {"ssl_certfile": cert, "ssl_keyfile": key}
 
 
-def study_json(s: Session, study: Study) -> dict[str, Any]:
-    """The public JSON view of a study (no patient identifiers)."""
-    counts = s.execute(
-        select(func.count(Instance.id), func.count(func.distinct(Series.id)))
-        .select_from(Series)
-        .join(Instance, Instance.series_id == Series.id, isouter=True)
-        .where(Series.study_id == study.id)
-    ).one()
-    return {
-        "study_uid": study.study_instance_uid,
-        "accession": study.accession_number,
-        "state": study.state,
-        "priority": study.priority or None,
-        "priority_reason": study.priority_reason or None,
-        "deadline": iso(study.deadline),
-        "instance_count": counts[0],
-        "series_count": counts[1],
-        "late_instances": study.late_instances,
-        "received_at": iso(study.received_at),
-        "last_instance_at": iso(study.last_instance_at),
-        "completed_at": iso(study.completed_at),
-        "completion_reason": study.completion_reason or None,
-        "error": study.error or None,
-    }
-
-
-def report_json(s: Session, study: Study, report: Report) -> dict[str, Any]:
-    """The RIS view of a report: findings, measurements, impression, models, timings."""
-    job = s.get(Job, report.job_id)
-    findings = dict(report.findings)
-    return {
-        "study_uid": study.study_instance_uid,
-        "accession": study.accession_number,
-        "status": report.status,
-        "ai_generated": True,
-        "created_at": iso(report.created_at),
-        "impression": report.impression,
-        "lesions": findings.get("lesions", []),
-        "organ_volumes_ml": findings.get("organ_volumes_ml", {}),
-        "models": findings.get("models", {}),
-        "timings_s": job.timings if job is not None else {},
-        "coordinates": findings.get("coordinates", ""),
-    }
-
-
-def audit(s: Session, who: Principal, action: str, target: str, request: Request) -> None:
-    """Record who read or did what, from where (no patient identifiers)."""
-    source = request.client.host if request.client else ""
-    s.add(AuditEvent(at=utcnow(), actor=who.name, action=action, target=target, source=source))
+def _home(request: Request) -> Response:
+    return RedirectResponse("/admin", 303)
 
 
 def database_ready(sessions: sessionmaker[Session]) -> str:

@@ -48,6 +48,30 @@ class TokenStore:
             return None
         return self.lookup(token.strip())
 
+    def known(self, name: str) -> bool:
+        """Whether ``name`` is a configured token name."""
+        return any(principal.name == name for _, principal in self._digests)
+
+    def binding(self, name: str, key: bytes) -> tuple[Principal, str] | None:
+        """The principal named ``name`` and a keyed fingerprint of its current token.
+
+        A session keeps the fingerprint, so replacing or removing a token in the
+        configuration ends the sessions that were signed in with it. The fingerprint is
+        an HMAC under the session key, so a cookie reveals nothing that could be used
+        to guess the token offline.
+
+        Parameters
+        ----------
+        name
+            A token name from ``[http] tokens``.
+        key
+            The session signing key.
+        """
+        for digest, principal in self._digests:
+            if principal.name == name:
+                return principal, hmac.new(key, digest, hashlib.sha256).hexdigest()[:32]
+        return None
+
 
 def _digest(token: str) -> bytes:
     return hashlib.sha256(token.encode("utf-8")).digest()
