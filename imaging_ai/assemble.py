@@ -120,9 +120,19 @@ class Assembler:
 
     def _complete(self, study_id: int, now: datetime, reason: str = "") -> str:
         with self.sessions() as s, s.begin():
-            study = s.get(Study, study_id, with_for_update=True)
-            if study is None or study.state != "receiving":
+            # Compare-and-set, so the assembler and an administrator's force-complete (or two
+            # nodes) cannot both queue the same study.
+            won = s.execute(
+                update(Study)
+                .where(Study.id == study_id, Study.state == "receiving")
+                .values(state="queued")
+                .execution_options(synchronize_session=False)
+            )
+            if won.rowcount != 1:  # type: ignore[attr-defined]
                 return ""
+            study = s.get(Study, study_id)
+            assert study is not None
+            s.refresh(study)
             forced = s.scalars(
                 select(Series).where(Series.study_id == study.id, Series.completed_at.is_(None))
             ).all()

@@ -13,7 +13,7 @@ import logging
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from sqlalchemy import select
+from sqlalchemy import select, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from imaging_ai.assemble import RANKS
@@ -22,6 +22,9 @@ from imaging_ai.db.models import AuditEvent, ClassControl, Job, Study
 from imaging_ai.db.session import utcnow
 
 log = logging.getLogger(__name__)
+
+_CLAIM_TRIES = 5
+_LOST = object()
 
 
 @dataclass(frozen=True)
@@ -55,6 +58,14 @@ class Scheduler:
         """Claim the next job by policy, or None when nothing is runnable."""
         now = now or utcnow()
         self.requeue_expired(now)
+        for _ in range(_CLAIM_TRIES):
+            result = self._try_claim(now, urgent_only)
+            if result is not _LOST:
+                assert result is None or isinstance(result, Claim)
+                return result
+        return None
+
+    def _try_claim(self, now: datetime, urgent_only: bool) -> Claim | object | None:
         with self.sessions() as s, s.begin():
             paused = set(s.scalars(select(ClassControl.priority).where(ClassControl.paused)))
             max_rank = RANKS["urgent"] if urgent_only else max(RANKS.values())
@@ -72,9 +83,23 @@ class Scheduler:
             job = s.scalars(query).first()
             if job is None:
                 return None
-            job.state, job.node, job.started_at = "processing", self.node, now
-            job.lease_until = now + self.lease
-            job.attempts += 1
+            # Compare-and-set: on SQLite, SKIP LOCKED does not exist and the select takes no
+            # lock, so two threads can pick the same row; only one of them changes its state.
+            won = s.execute(
+                update(Job)
+                .where(Job.id == job.id, Job.state == "queued")
+                .values(
+                    state="processing",
+                    node=self.node,
+                    started_at=now,
+                    lease_until=now + self.lease,
+                    attempts=Job.attempts + 1,
+                )
+                .execution_options(synchronize_session=False)
+            )
+            if won.rowcount != 1:  # type: ignore[attr-defined]
+                return _LOST  # another claimer took it: try the next one
+            s.refresh(job)
             study = s.get(Study, job.study_id)
             assert study is not None
             study.state = "processing"

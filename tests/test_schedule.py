@@ -5,7 +5,6 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-import pytest
 from sqlalchemy import Engine, select
 from sqlalchemy.orm import Session
 
@@ -126,9 +125,8 @@ def test_requeue_gives_the_job_back(engine: Engine) -> None:
         assert s.get(Job, claim.job_id).notes == ["daemon stopped"]  # type: ignore[union-attr]
 
 
-def test_two_nodes_never_claim_the_same_job(db_url: str, tmp_path: Path) -> None:
-    if not db_url.startswith("postgresql"):
-        pytest.skip("SKIP LOCKED sharing between nodes needs PostgreSQL")
+def test_concurrent_claimers_never_claim_the_same_job(db_url: str, tmp_path: Path) -> None:
+    """Two nodes on PostgreSQL (SKIP LOCKED), or a node's processor threads on SQLite."""
     import threading
 
     from imaging_ai.db.session import make_engine, upgrade
@@ -137,7 +135,7 @@ def test_two_nodes_never_claim_the_same_job(db_url: str, tmp_path: Path) -> None
     upgrade(engine)
     for i in range(40):
         add_job(engine, f"1.{i}", "outpatient", 60 + i)
-    claimed: dict[str, list[int]] = {"a": [], "b": []}
+    claimed: dict[str, list[int]] = {"a": [], "b": [], "c": []}
 
     def node(name: str) -> None:
         scheduler = Scheduler(session_factory(engine), name)
@@ -149,7 +147,7 @@ def test_two_nodes_never_claim_the_same_job(db_url: str, tmp_path: Path) -> None
         t.start()
     for t in threads:
         t.join()
-    all_ids = claimed["a"] + claimed["b"]
+    all_ids = [job for jobs in claimed.values() for job in jobs]
     assert sorted(all_ids) == sorted(set(all_ids)) and len(all_ids) == 40
     engine.dispose()
 
