@@ -12,6 +12,7 @@ from pathlib import Path
 import highdicom as hd
 import pydicom
 import pytest
+from fhir.resources.R4B.bundle import Bundle
 
 from imaging_ai.bench.harness import DaemonProcess, free_port
 from imaging_ai.bench.orthanc import ORTHANC_AE, OrthancPacs
@@ -89,6 +90,11 @@ def test_orthanc_round_trip_and_ris(
     assert api["accession"] == "E2E-RIS-1"
     assert api["status"] == "preliminary"
     assert len(api["lesions"]) >= 1
+    bundle = daemon.get("/fhir/DiagnosticReport?identifier=E2E-RIS-1")
+    Bundle.model_validate(bundle)
+    assert bundle["type"] == "searchset" and bundle["total"] == 1
+    [match] = [e["resource"] for e in bundle["entry"] if e["search"]["mode"] == "match"]
+    assert match["resourceType"] == "DiagnosticReport" and match["status"] == "preliminary"
 
 
 def _state(daemon: DaemonProcess, uid: str) -> str:
