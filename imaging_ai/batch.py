@@ -376,11 +376,18 @@ class Batcher:
                 expired = self._stopping or wait_ns <= 0
                 size = choose_batch_size(len(self._queue), self.config, expired)
                 if size:
-                    popped = [heapq.heappop(self._queue) for _ in range(size)]
-                    self._cond.notify_all()  # room for blocked studies
-                    return [r for r in popped if not r.payload.result.failed]
+                    return self._pop(size)
                 self._cond.wait(wait_ns / 1e9)
             return []
+
+    def _pop(self, size: int) -> list[SliceRequest]:
+        batch: list[SliceRequest] = []
+        while self._queue and len(batch) < size:
+            request = heapq.heappop(self._queue)
+            if not request.payload.result.failed:  # its study has failed: drop, do not run
+                batch.append(request)
+        self._cond.notify_all()  # room for blocked studies
+        return batch
 
     def _send(self, requests: list[SliceRequest]) -> None:
         def done(result: BatchResult) -> None:

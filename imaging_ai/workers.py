@@ -1,0 +1,828 @@
+"""Batches in; model outputs out, from one worker process per GPU (or CPU workers), watched.
+
+Each worker process sees one GPU (as device 0, through CUDA_VISIBLE_DEVICES), loads every model
+there and runs the batches it is sent, one at a time; on a host without a GPU the same code runs
+`PoolConfig.cpu_workers` CPU workers. Inputs and outputs cross in `multiprocessing.shared_memory`
+buffers that the parent owns, one input/output pair per batch in flight on a worker, reused: only
+a ~200-byte task message is pickled per batch. The parent stacks a batch's slices straight into
+the input buffer (one copy) and the batcher copies outputs straight out of the output buffer into
+each study (one copy).
+
+Batches go to the least-loaded worker, and `reserve` grants a batch only while a worker has fewer
+than `PoolConfig.depth` batches in flight, most urgent batcher first. A watchdog thread reads the
+results, restarts a worker that dies or hangs, and retries its batches on the others; a GPU
+worker that keeps failing comes back on the CPU. Workers die with the daemon (PR_SET_PDEATHSIG,
+and a parent-PID poll), and `stop` drains the work in flight before it stops them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import heapq
+import itertools
+import logging
+import math
+import multiprocessing
+import os
+import signal
+import sys
+import threading
+import time
+from collections import Counter, deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from multiprocessing.connection import Connection, wait
+from multiprocessing.process import BaseProcess
+from multiprocessing.shared_memory import SharedMemory
+from pathlib import Path
+
+import numpy as np
+
+from imaging_ai.batch import BatchCallback, Priority
+from imaging_ai.errors import EngineError, StartupError
+from imaging_ai.infer.base import BackendInfo, Engine, FloatArray, sample_batch
+from imaging_ai.infer.fake import FixedLatencyBackend
+from imaging_ai.modelcard import ModelCard, load_model_card
+
+log = logging.getLogger(__name__)
+
+EngineFactory = Callable[[ModelCard, str], Engine]
+_PARENT_POLL_S = 0.5
+_TICK_S = 0.1
+_PR_SET_PDEATHSIG = 1
+_MIB = 1 << 20
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    """What every worker process loads: the model folders and how to run them.
+
+    `backend` is a `make_backend` setting, or (tests) `fake:latency=S,per_slice=S,max_batch=N`
+    for a FixedLatencyBackend. `factory`, a picklable callable (card, device) -> Engine, replaces
+    both (tests). A CPU worker runs `onnxruntime-cpu` whatever the setting.
+    """
+
+    model_dirs: tuple[Path, ...]
+    backend: str = "auto"
+    data_dir: Path = Path("data")
+    cpu_threads: int = 0
+    precision: str = "fp16"
+    max_batch_size: int = 32
+    factory: EngineFactory | None = None
+
+
+@dataclass(frozen=True)
+class PoolConfig:
+    """How many workers, how deep their queues, and when the watchdog steps in.
+
+    `gpus` None probes the host (0 for the fake and CPU settings); 0 means `cpu_workers` CPU
+    workers. A batch running past `hang_timeout_s` (or a start past `start_timeout_s`: TensorRT
+    may build a plan) kills the worker. A batch is tried `max_attempts` times; after
+    `max_restarts` crashes in a row a GPU worker comes back on the CPU, and a CPU worker stays down.
+    """
+
+    gpus: int | None = None
+    cpu_workers: int = 1
+    depth: int = 2
+    hang_timeout_s: float = 120.0
+    start_timeout_s: float = 900.0
+    max_attempts: int = 3
+    max_restarts: int = 3
+
+
+@dataclass(frozen=True)
+class WorkerStatus:
+    """One worker as the status page shows it; `batch_sizes` is ((size, batches), ...)."""
+
+    index: int
+    pid: int | None
+    backend: str
+    device: str
+    state: str  # starting | ready | failed | stopped
+    alive: bool
+    batches_done: int
+    batch_sizes: tuple[tuple[int, int], ...]
+    busy_fraction: float
+    fallbacks: int
+    restarts: int
+    in_flight: int
+    degraded: bool
+
+
+@dataclass(frozen=True)
+class _Task:
+    """Parent to worker: run `input_shape` floats in `input_shm`, write into `output_shm`."""
+
+    job: int
+    model: str
+    slot: int
+    input_shape: tuple[int, ...]
+    input_shm: str
+    output_shm: str
+
+
+@dataclass(frozen=True)
+class _Ready:
+    """Worker to parent: every model loaded; their infos and output slice shapes."""
+
+    infos: dict[str, BackendInfo]
+    output_shapes: dict[str, tuple[int, ...]]
+
+
+@dataclass(frozen=True)
+class _Done:
+    """Worker to parent: the outputs are in the slot's output buffer."""
+
+    job: int
+    output_shape: tuple[int, ...]
+    seconds: float
+    fallbacks: int
+
+
+@dataclass(frozen=True)
+class _Failed:
+    """Worker to parent: a batch failed (`retry`: on another worker), or loading did."""
+
+    job: int | None  # None: the models did not load
+    reason: str
+    retry: bool
+
+
+def fake_backend(setting: str) -> FixedLatencyBackend:
+    """Test-only: `fake:latency=0.05,per_slice=0.001,max_batch=32` as a FixedLatencyBackend."""
+    items = [i.split("=", 1) for i in setting.removeprefix("fake:").split(",") if i]
+    values = {k: float(v) for k, v in items}
+    unknown = set(values) - {"latency", "per_slice", "max_batch"}
+    if unknown:
+        raise EngineError(f"backend = {setting!r}: unknown fake option(s) {sorted(unknown)}")
+    max_batch = int(values.get("max_batch", 32))
+    return FixedLatencyBackend(
+        values.get("latency", 0.0), values.get("per_slice", 0.0), max_batch_size=max_batch
+    )
+
+
+def least_loaded(loads: Sequence[int | None], avoid: int | None = None) -> int | None:
+    """The index of the least-loaded worker; None marks one that cannot take work.
+
+    Ties go to the lowest index; `avoid` (where a batch just failed) only when it is the only one.
+    """
+    usable = [(n, i) for i, n in enumerate(loads) if n is not None]
+    others = [u for u in usable if u[1] != avoid] or usable
+    return min(others)[1] if others else None
+
+
+# ---- the worker process ---------------------------------------------------------------------
+
+
+def _die_with_parent() -> None:
+    """Ask Linux to SIGKILL this worker when the thread that started it (the watchdog) ends.
+
+    A worker must not outlive the daemon and keep a GPU's memory; the parent-PID poll in
+    `_serve` covers other systems and the moment before this call.
+    """
+    if sys.platform == "linux":
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+def _pin_device(gpu: int | None) -> None:
+    """Let CUDA see only this worker's GPU, as device 0; a CPU worker sees none."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    ids = [v.strip() for v in visible.split(",")] if visible else []
+    if gpu is None:
+        os.environ["CUDA_VISIBLE_DEVICES"] = ""
+    else:
+        os.environ["CUDA_VISIBLE_DEVICES"] = ids[gpu] if gpu < len(ids) else str(gpu)
+
+
+def _load_engines(spec: WorkerSpec, device: str) -> tuple[dict[str, Engine], dict[str, ModelCard]]:
+    cards = {c.name: c for c in (load_model_card(d) for d in spec.model_dirs)}
+    if spec.factory is not None:
+        return {n: spec.factory(c, device) for n, c in cards.items()}, cards
+    if spec.backend.startswith("fake:"):
+        fake = fake_backend(spec.backend)
+        return {n: fake.load(c) for n, c in cards.items()}, cards
+    from imaging_ai.infer.ort import OrtOptions
+    from imaging_ai.infer.select import load_engine, make_backend
+
+    # The same options as `analyse.load_models`, so a worker runs what `imaging-ai infer` runs.
+    cpu = OrtOptions(intra_op_threads=spec.cpu_threads, max_batch_size=spec.max_batch_size)
+    gpu = replace(cpu, precision="fp16" if spec.precision == "fp16" else "fp32")
+    setting = "onnxruntime-cpu" if device == "cpu" else spec.backend
+    backend = make_backend(setting, spec.data_dir, ort_cpu=cpu, ort_gpu=gpu)
+    return {n: load_engine(backend, c, cpu=cpu) for n, c in cards.items()}, cards
+
+
+def _worker_main(
+    spec: WorkerSpec, gpu: int | None, device: str, conn: Connection, parent_pid: int
+) -> None:
+    _die_with_parent()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent owns shutdown
+    _pin_device(gpu)
+    try:
+        engines, cards = _load_engines(spec, device)
+        # One warm-up slice per model also tells the parent how large outputs are.
+        shapes = {n: e.infer(sample_batch(cards[n], 1)).shape[1:] for n, e in engines.items()}
+    except Exception as exc:  # reported to the parent, which refuses to start or retries
+        with contextlib.suppress(OSError):
+            conn.send(_Failed(None, f"{type(exc).__name__}: {exc}", retry=False))
+        return
+    infos = {n: e.info for n, e in engines.items()}
+    try:
+        conn.send(_Ready(infos, {n: tuple(s) for n, s in shapes.items()}))
+    except OSError:  # the pool stopped while this worker loaded
+        return
+    _serve(conn, engines, parent_pid)
+
+
+def _serve(conn: Connection, engines: dict[str, Engine], parent_pid: int) -> None:
+    attached: dict[int, tuple[SharedMemory, SharedMemory]] = {}
+    try:
+        while os.getppid() == parent_pid:
+            if not conn.poll(_PARENT_POLL_S):
+                continue
+            task = conn.recv()
+            if task is None:
+                return
+            conn.send(_run_task(task, engines, _attach(attached, task)))
+    except (EOFError, OSError):  # the parent is gone
+        return
+    finally:
+        for shms in attached.values():
+            _close(*shms)
+        for engine in engines.values():
+            engine.close()
+
+
+def _attach(
+    attached: dict[int, tuple[SharedMemory, SharedMemory]], task: _Task
+) -> tuple[SharedMemory, SharedMemory]:
+    """The task's slot buffers; a slot the parent grew has new names, so reattach."""
+    old = attached.get(task.slot)
+    if old is not None and (old[0].name, old[1].name) == (task.input_shm, task.output_shm):
+        return old
+    if old is not None:
+        _close(*old)
+    attached[task.slot] = (SharedMemory(task.input_shm), SharedMemory(task.output_shm))
+    return attached[task.slot]
+
+
+def _run_task(
+    task: _Task, engines: dict[str, Engine], shms: tuple[SharedMemory, SharedMemory]
+) -> _Done | _Failed:
+    started = time.perf_counter()
+    try:
+        x = np.ndarray(task.input_shape, np.float32, shms[0].buf)
+        y = engines[task.model].infer(x)
+        del x
+        if y.nbytes > shms[1].size:
+            raise ValueError(f"output {y.shape} is larger than its buffer ({shms[1].size} B)")
+        np.ndarray(y.shape, np.float32, shms[1].buf)[...] = y
+    except Exception as exc:  # the parent decides: retry elsewhere, or fail the batch's studies
+        reason = f"{type(exc).__name__}: {exc}"
+        return _Failed(task.job, reason, retry=isinstance(exc, EngineError | MemoryError))
+    fallbacks = sum(e.info.fallbacks for e in engines.values())
+    return _Done(task.job, tuple(y.shape), time.perf_counter() - started, fallbacks)
+
+
+def _close(*shms: SharedMemory) -> None:
+    for shm in shms:
+        with contextlib.suppress(BufferError):  # a view still alive: the mapping goes with it
+            shm.close()
+
+
+# ---- the parent side -----------------------------------------------------------------------
+
+
+class _Slots:
+    """One worker's shared-memory buffers: an input/output pair per batch in flight, reused."""
+
+    def __init__(self) -> None:
+        self._pairs: list[list[SharedMemory | None]] = []
+        self._free: list[int] = []
+
+    def acquire(self, in_bytes: int, out_bytes: int) -> tuple[int, SharedMemory, SharedMemory]:
+        """A free slot whose buffers hold the given sizes (grown, with new names, if needed)."""
+        if not self._free:
+            self._pairs.append([None, None])
+            self._free.append(len(self._pairs) - 1)
+        index = self._free.pop()
+        pair = self._pairs[index]
+        for k, need in enumerate((in_bytes, out_bytes)):
+            shm = pair[k]
+            if shm is None or shm.size < need:
+                if shm is not None:
+                    _close(shm)
+                    shm.unlink()
+                pair[k] = SharedMemory(create=True, size=max(_MIB, math.ceil(need / _MIB) * _MIB))
+        x, y = pair
+        assert x is not None and y is not None
+        return index, x, y
+
+    def output(self, index: int) -> SharedMemory:
+        """The output buffer of a slot in use."""
+        shm = self._pairs[index][1]
+        assert shm is not None
+        return shm
+
+    def release(self, index: int) -> None:
+        """Put a slot back for the next batch."""
+        self._free.append(index)
+
+    def close(self) -> None:
+        """Unmap and remove every buffer."""
+        for pair in self._pairs:
+            for shm in pair:
+                if shm is not None:
+                    _close(shm)
+                    shm.unlink()
+        self._pairs.clear()
+
+
+@dataclass(eq=False)
+class _Job:
+    """A batch on its way: its slices (views into the studies' arrays, kept for retries)."""
+
+    id: int
+    model: str
+    slices: Sequence[FloatArray]
+    done: BatchCallback
+    attempts: int = 0
+    avoid: int | None = None
+    slot: int = -1
+
+
+@dataclass(eq=False)
+class _Worker:
+    """The parent's record of one worker slot, across restarts of its process."""
+
+    index: int
+    gpu: int | None
+    proc: BaseProcess | None = None
+    conn: Connection | None = None
+    state: str = "starting"
+    error: str = ""
+    inflight: dict[int, _Job] = field(default_factory=dict)
+    slots: _Slots = field(default_factory=_Slots)
+    infos: dict[str, BackendInfo] = field(default_factory=dict)
+    progress_at: float = 0.0
+    batches_done: int = 0
+    busy_s: float = 0.0
+    sizes: Counter[int] = field(default_factory=Counter)
+    fallbacks: int = 0
+    fallbacks_before: int = 0  # counted by earlier processes of this worker
+    restarts: int = 0
+    crashes_in_row: int = 0
+    degraded: bool = False
+
+    @property
+    def device(self) -> str:
+        return "cpu" if self.gpu is None else f"cuda:{self.gpu}"
+
+
+class WorkerPool:
+    """Worker processes that run batches for every model; the batchers' `Dispatch`.
+
+    Parameters
+    ----------
+    spec : WorkerSpec
+        What each worker loads.
+    config : PoolConfig, optional
+        Worker count, queue depth and watchdog limits.
+    """
+
+    def __init__(self, spec: WorkerSpec, config: PoolConfig | None = None) -> None:
+        self.spec, self.config = spec, config or PoolConfig()
+        self._cards = {c.name: c for c in (load_model_card(d) for d in spec.model_dirs)}
+        self._ctx = multiprocessing.get_context("spawn")
+        self._cond = threading.Condition()
+        self._workers: list[_Worker] = []
+        self._backlog: deque[_Job] = deque()
+        self._waiters: list[tuple[Priority, int]] = []
+        self._reserved = 0
+        self._ids = itertools.count()
+        self._out_shapes: dict[str, tuple[int, ...]] = {}
+        self._phase = "new"  # new | starting | running | stopping | stopped
+        self._started_at = time.monotonic()
+        self._watchdog: threading.Thread | None = None
+
+    # -- life cycle
+
+    def start(self) -> None:
+        """Start the workers and wait until each has loaded every model.
+
+        Raises
+        ------
+        StartupError
+            A worker could not load the models (its reason is in the message) or timed out.
+        """
+        self._workers = [_Worker(i, gpu) for i, gpu in enumerate(self._devices())]
+        self._phase = "starting"
+        # Workers are started by the watchdog thread: PR_SET_PDEATHSIG fires when the thread
+        # that forked them ends, and the watchdog lives exactly as long as the pool.
+        self._watchdog = threading.Thread(target=self._watch, name="infer-watchdog", daemon=True)
+        self._watchdog.start()
+        with self._cond:
+            self._cond.wait_for(self._start_settled, self.config.start_timeout_s)
+            failed = [w for w in self._workers if w.state != "ready"]
+            self._phase = "running" if not failed else self._phase
+        if failed:
+            self.stop(timeout_s=0)
+            w = failed[0]
+            why = w.error or f"not ready after {self.config.start_timeout_s:.0f} s"
+            raise StartupError(f"inference worker on {w.device} could not start: {why}")
+        log.info("%d inference worker(s): %s", len(self._workers), self._describe())
+
+    def stop(self, timeout_s: float = 60.0) -> None:
+        """Finish the batches in flight (failing what is left after `timeout_s`), stop workers.
+
+        Stop the batchers first: a batch submitted from now on fails with EngineError.
+        """
+        with self._cond:
+            self._phase = "stopping"
+            self._cond.notify_all()
+            self._cond.wait_for(lambda: not self._busy(), timeout_s)
+            left = [*self._backlog, *(j for w in self._workers for j in w.inflight.values())]
+            self._backlog.clear()
+            for w in self._workers:
+                w.inflight.clear()
+        for job in left:
+            _call(job, EngineError("inference stopped before this batch ran"))
+        self._end_workers()
+        with self._cond:
+            self._phase = "stopped"
+        if self._watchdog is not None:
+            self._watchdog.join()
+        for w in self._workers:  # after the watchdog: it may still be waiting on these pipes
+            if w.conn is not None:
+                w.conn.close()
+            w.slots.close()
+
+    def _end_workers(self) -> None:
+        with self._cond:
+            for w in self._workers:
+                if w.conn is not None and w.state in ("starting", "ready"):
+                    with contextlib.suppress(OSError):
+                        w.conn.send(None)
+                w.state = "stopped"
+        for w in self._workers:
+            if w.proc is not None:
+                w.proc.join(5.0)
+                if w.proc.is_alive():
+                    log.warning("inference worker %s did not stop; killing it", w.device)
+                    w.proc.kill()
+                    w.proc.join()
+
+    def _devices(self) -> list[int | None]:
+        gpus = self.config.gpus
+        if gpus is None:
+            cpu_only = self.spec.factory is not None or self.spec.backend.startswith("fake:")
+            if cpu_only or self.spec.backend == "onnxruntime-cpu":
+                gpus = 0
+            else:
+                from imaging_ai.infer.select import probe_environment
+
+                gpus = probe_environment().gpus
+        return list(range(gpus)) if gpus > 0 else [None] * self.config.cpu_workers
+
+    def _start_settled(self) -> bool:
+        return all(w.state == "ready" for w in self._workers) or any(
+            w.state == "failed" for w in self._workers
+        )
+
+    def _busy(self) -> bool:
+        return bool(self._backlog) or any(w.inflight for w in self._workers)
+
+    def _describe(self) -> str:
+        return ", ".join(f"{w.device} ({w.proc.pid if w.proc else '-'})" for w in self._workers)
+
+    # -- Dispatch, for the batchers
+
+    def input_shape(self, model: str) -> tuple[int, ...]:
+        """(C, H, W) of one input slice of `model`, from its card; ValueError if unknown."""
+        if model not in self._cards:
+            known = ", ".join(sorted(self._cards))
+            raise ValueError(f"no model {model!r} in the worker pool (it has: {known})")
+        return self._cards[model].input_shape
+
+    def reserve(self, priority: Priority, timeout_s: float) -> bool:
+        """Wait until a worker has room and no more urgent batcher waits; hold that room.
+
+        Returns at once (True) once the pool stops or has no worker, so that the submit that
+        follows fails the batch instead of leaving its studies waiting.
+        """
+        with self._cond:
+            ticket = (priority, next(self._ids))
+            heapq.heappush(self._waiters, ticket)
+            try:
+                granted = self._cond.wait_for(lambda: self._grantable(ticket), timeout_s)
+                if granted:
+                    self._reserved += 1
+                return granted
+            finally:
+                self._waiters.remove(ticket)
+                heapq.heapify(self._waiters)
+                self._cond.notify_all()
+
+    def _grantable(self, ticket: tuple[Priority, int]) -> bool:
+        if self._phase != "running" or not self._alive_workers():
+            return True
+        return self._waiters[0] == ticket and self._room() > 0
+
+    def _room(self) -> int:
+        depth = self.config.depth
+        room = sum(max(0, depth - len(w.inflight)) for w in self._workers if w.state == "ready")
+        return room - self._reserved - len(self._backlog)
+
+    def _alive_workers(self) -> bool:
+        return any(w.state in ("starting", "ready") for w in self._workers)
+
+    def release(self) -> None:
+        """Give back a reservation that no batch used."""
+        with self._cond:
+            self._reserved = max(0, self._reserved - 1)
+            self._cond.notify_all()
+
+    def submit(self, model: str, slices: Sequence[FloatArray], done: BatchCallback) -> None:
+        """Run `slices` as one batch on the least-loaded worker; uses one reservation.
+
+        `done` is called once, from the watchdog thread, with the outputs (a view of a shared
+        buffer, valid only during the call) or with EngineError once every attempt failed.
+
+        Raises
+        ------
+        EngineError
+            The pool is not running, or no worker is left.
+        """
+        self.input_shape(model)  # refuses an unknown model
+        job = _Job(next(self._ids), model, list(slices), done)
+        with self._cond:
+            self._reserved = max(0, self._reserved - 1)
+            if self._phase != "running":
+                raise EngineError("inference workers are not running")
+            if not self._alive_workers():
+                raise EngineError("no inference worker is running; see the log for why")
+            self._backlog.append(job)  # behind any retried batch
+            self._pump()
+
+    def info(self, model: str) -> BackendInfo:
+        """`model`'s figures over every worker: devices, batch sizes seen, fallbacks."""
+        with self._cond:
+            ready = [w for w in self._workers if model in w.infos]
+            base = ready[0].infos[model] if ready else BackendInfo(model, "", "", "fp32", 0)
+            return replace(
+                base,
+                device=", ".join(dict.fromkeys(w.device for w in ready)),
+                batch_sizes=tuple(sorted(set[int]().union(*(w.sizes for w in self._workers)))),
+                fallbacks=sum(w.fallbacks for w in self._workers),
+                degraded=any(w.degraded for w in self._workers),
+            )
+
+    def status(self) -> tuple[WorkerStatus, ...]:
+        """Every worker's figures, for the status page."""
+        with self._cond:
+            return tuple(self._status(w) for w in self._workers)
+
+    def _status(self, w: _Worker) -> WorkerStatus:
+        backend = next(iter(w.infos.values())).backend if w.infos else ""
+        elapsed = max(time.monotonic() - self._started_at, 1e-9)
+        return WorkerStatus(
+            index=w.index,
+            pid=w.proc.pid if w.proc else None,
+            backend=backend,
+            device=w.device,
+            state=w.state,
+            alive=w.proc is not None and w.proc.is_alive(),
+            batches_done=w.batches_done,
+            batch_sizes=tuple(sorted(w.sizes.items())),
+            busy_fraction=min(1.0, w.busy_s / elapsed),
+            fallbacks=w.fallbacks,
+            restarts=w.restarts,
+            in_flight=len(w.inflight),
+            degraded=w.degraded,
+        )
+
+    # -- sending (under the lock)
+
+    def _pump(self) -> None:
+        """Send backlog batches to workers with room, least loaded first."""
+        depth = self.config.depth
+        while self._backlog:
+            loads = [
+                len(w.inflight) if w.state == "ready" and len(w.inflight) < depth else None
+                for w in self._workers
+            ]
+            index = least_loaded(loads, self._backlog[0].avoid)
+            if index is None:
+                return
+            self._send(self._workers[index], self._backlog.popleft())
+
+    def _send(self, w: _Worker, job: _Job) -> None:
+        n = len(job.slices)
+        in_shape = (n, *self._cards[job.model].input_shape)
+        out_bytes = 4 * n * math.prod(self._out_shapes[job.model])
+        job.slot, x_shm, y_shm = w.slots.acquire(4 * math.prod(in_shape), out_bytes)
+        np.stack(job.slices, out=np.ndarray(in_shape, np.float32, x_shm.buf))
+        job.attempts += 1
+        if not w.inflight:
+            w.progress_at = time.monotonic()
+        w.inflight[job.id] = job
+        assert w.conn is not None
+        with contextlib.suppress(OSError):  # a dead worker: the watchdog retries its batches
+            w.conn.send(_Task(job.id, job.model, job.slot, in_shape, x_shm.name, y_shm.name))
+
+    # -- the watchdog thread
+
+    def _watch(self) -> None:
+        with self._cond:
+            for w in self._workers:
+                self._launch(w)
+            self._cond.notify_all()
+        while self._phase != "stopped":
+            try:
+                self._watch_once()
+            except Exception:  # keep watching: a lost watchdog would strand every study
+                log.exception("inference watchdog error")
+
+    def _watch_once(self) -> None:
+        with self._cond:
+            owner: dict[object, tuple[_Worker, BaseProcess]] = {}
+            for w in self._workers:
+                if w.state in ("starting", "ready") and w.conn and w.proc:
+                    owner[w.conn] = owner[w.proc.sentinel] = (w, w.proc)
+            handles = [h for h in owner if isinstance(h, Connection | int)]
+        for handle in wait(handles, _TICK_S):
+            w, proc = owner[handle]
+            if w.proc is not proc or w.state not in ("starting", "ready"):
+                continue  # the pipe and the sentinel of one death: the first one handled it
+            if handle is w.conn:
+                self._read(w)
+            else:
+                self._drain_then_exit(w)
+        self._check_hangs()
+
+    def _launch(self, w: _Worker) -> None:
+        parent, child = self._ctx.Pipe()
+        proc = self._ctx.Process(
+            target=_worker_main,
+            args=(self.spec, w.gpu, w.device, child, os.getpid()),
+            name=f"imaging-ai-infer-{w.index}",
+            daemon=True,
+        )
+        try:
+            proc.start()
+        except Exception as exc:  # e.g. out of memory or PIDs: the worker stays down, said why
+            log.exception("cannot start inference worker %s", w.device)
+            w.state, w.error = "failed", f"cannot start a process: {exc}"
+            parent.close()
+            return
+        finally:
+            child.close()
+        w.proc, w.conn, w.state, w.progress_at = proc, parent, "starting", time.monotonic()
+
+    def _read(self, w: _Worker) -> None:
+        assert w.conn is not None and w.proc is not None
+        try:
+            message = w.conn.recv()
+        except (EOFError, OSError):
+            self._on_exit(w, w.proc)
+            return
+        if isinstance(message, _Ready):
+            self._on_ready(w, message)
+        elif isinstance(message, _Done):
+            self._on_done(w, message)
+        elif isinstance(message, _Failed):
+            self._on_failed(w, message)
+
+    def _drain_then_exit(self, w: _Worker) -> None:
+        """A worker exited: read what it sent before dying, then restart it."""
+        proc, conn = w.proc, w.conn
+        assert proc is not None and conn is not None
+        with contextlib.suppress(EOFError, OSError):
+            while w.proc is proc and conn.poll():  # a read may meet EOF and restart it
+                self._read(w)
+        self._on_exit(w, proc)
+
+    def _on_ready(self, w: _Worker, message: _Ready) -> None:
+        with self._cond:
+            w.state, w.infos, w.progress_at = "ready", message.infos, time.monotonic()
+            self._out_shapes.update(message.output_shapes)
+            log.info("inference worker %s ready (pid %s)", w.device, w.proc and w.proc.pid)
+            self._pump()
+            self._cond.notify_all()
+
+    def _on_done(self, w: _Worker, message: _Done) -> None:
+        with self._cond:
+            job = w.inflight.pop(message.job, None)
+            if job is None:
+                return
+            w.batches_done, w.busy_s = w.batches_done + 1, w.busy_s + message.seconds
+            w.sizes[len(job.slices)] += 1
+            w.fallbacks = w.fallbacks_before + message.fallbacks
+            w.crashes_in_row, w.progress_at = 0, time.monotonic()
+            shm = w.slots.output(job.slot)
+        view = np.ndarray(message.output_shape, np.float32, shm.buf)
+        _call(job, view)
+        del view
+        with self._cond:
+            w.slots.release(job.slot)  # only now: the callback read the buffer
+            self._pump()
+            self._cond.notify_all()
+
+    def _on_failed(self, w: _Worker, message: _Failed) -> None:
+        if message.job is None:
+            w.error = message.reason  # the process exits next; _on_exit handles it
+            return
+        with self._cond:
+            job = w.inflight.pop(message.job, None)
+            if job is None:
+                return
+            w.slots.release(job.slot)
+            log.warning("batch of %s failed on %s: %s", job.model, w.device, message.reason)
+            failed = not message.retry or not self._retry(job, w)
+            self._pump()
+            self._cond.notify_all()
+        if failed:
+            _call(job, EngineError(f"batch failed on {w.device}: {message.reason}"))
+
+    def _retry(self, job: _Job, w: _Worker) -> bool:
+        """Queue a batch again, away from `w`; False once it has had every attempt."""
+        if job.attempts >= self.config.max_attempts:
+            return False
+        job.avoid = w.index
+        self._backlog.appendleft(job)
+        return True
+
+    def _on_exit(self, w: _Worker, proc: BaseProcess) -> None:
+        if not self._current(w, proc):
+            return  # that exit was handled already (its pipe and its sentinel), or stop() did
+        proc.join(1.0)  # reap it, for its exit code; a pipe closed early means it is ending
+        if proc.is_alive():
+            proc.kill()
+        with self._cond:
+            if not self._current(w, proc):
+                return
+            jobs = list(w.inflight.values())
+            w.inflight.clear()
+            for job in jobs:
+                w.slots.release(job.slot)
+            code = proc.exitcode
+            log.error(
+                "inference worker %s exited (code %s) with %d batch(es) in flight %s",
+                w.device,
+                code,
+                len(jobs),
+                w.error,
+            )
+            failed = [job for job in jobs if not self._retry(job, w)]
+            self._restart(w)
+            if not self._alive_workers():
+                failed += self._backlog
+                self._backlog.clear()
+            self._pump()
+            self._cond.notify_all()
+        for job in failed:
+            _call(job, EngineError(f"inference worker {w.device} failed: {w.error or code}"))
+
+    def _current(self, w: _Worker, proc: BaseProcess) -> bool:
+        with self._cond:
+            return w.proc is proc and w.state in ("starting", "ready")
+
+    def _restart(self, w: _Worker) -> None:
+        if w.conn is not None:
+            w.conn.close()
+        w.crashes_in_row += 1
+        if self._phase != "running":  # a failed start, or stopping: no restart
+            w.state = "failed"
+            return
+        if w.crashes_in_row >= self.config.max_restarts:
+            if w.gpu is None:
+                log.error(
+                    "CPU worker %d failed %d times in a row; left down", w.index, w.crashes_in_row
+                )
+                w.state = "failed"
+                return
+            log.error("GPU worker %s keeps failing; restarting it on the CPU", w.device)
+            w.gpu, w.degraded, w.crashes_in_row = None, True, 0
+        w.restarts, w.error, w.infos, w.fallbacks_before = w.restarts + 1, "", {}, w.fallbacks
+        self._launch(w)
+
+    def _check_hangs(self) -> None:
+        now = time.monotonic()
+        with self._cond:
+            for w in self._workers:
+                starting = w.state == "starting"
+                limit = self.config.start_timeout_s if starting else self.config.hang_timeout_s
+                late = (starting or w.inflight) and now - w.progress_at > limit
+                if late and w.proc is not None and w.proc.is_alive():
+                    what = "start" if starting else "batch"
+                    log.error("worker %s: %s took over %.0f s; killing it", w.device, what, limit)
+                    w.error = f"{what} took over {limit:.0f} s"
+                    w.proc.kill()
+
+
+def _call(job: _Job, result: FloatArray | BaseException) -> None:
+    try:
+        job.done(result)
+    except Exception:  # one study's routing bug must not stop the watchdog
+        log.exception("batch callback of %s failed", job.model)

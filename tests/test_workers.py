@@ -1,0 +1,350 @@
+"""Worker processes: shared-memory batches, least-loaded dispatch, watchdog restarts, clean stop."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from imaging_ai.batch import Batcher, BatchingConfig, BatchingEngine, BatchResult
+from imaging_ai.errors import EngineError, StartupError
+from imaging_ai.infer.base import BackendInfo, Engine, FloatArray
+from imaging_ai.infer.fake import FixedLatencyBackend, FixedLatencyEngine
+from imaging_ai.modelcard import ModelCard
+from imaging_ai.workers import PoolConfig, WorkerPool, WorkerSpec, fake_backend, least_loaded
+from tests.infer.tiny_model import TinyModel, make_tiny
+
+TRIGGER = 777.0  # a batch holding a slice of this value sets off a FaultyEngine
+SHAPE = (1, 16, 16)
+
+
+def wait_until(condition: Callable[[], bool], timeout_s: float = 10.0) -> None:
+    """Poll until `condition()` holds; fail the test after `timeout_s`."""
+    end = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < end, "condition not reached"
+        time.sleep(0.01)
+
+
+@dataclass(frozen=True)
+class Faulty:
+    """A picklable engine factory for worker processes: fake engines that fail on cue.
+
+    Modes: "gate" (multi-slice batches wait until `marker` exists), "crash-once" (the first
+    batch holding TRIGGER kills the process, consuming `marker`), "crash-always", "hang-once",
+    "crash-on-gpu" (TRIGGER kills a GPU worker, a CPU one runs it), "fail-load".
+    """
+
+    mode: str
+    marker: Path
+
+    def __call__(self, card: ModelCard, device: str) -> Engine:
+        if self.mode == "fail-load":
+            raise EngineError("cannot load the model (test)")
+        return FaultyEngine(FixedLatencyBackend(0.0).load(card), self, device)
+
+
+class FaultyEngine:
+    """A FixedLatencyEngine that crashes, hangs or waits as its factory says."""
+
+    def __init__(self, inner: FixedLatencyEngine, factory: Faulty, device: str) -> None:
+        self.inner, self.factory, self.device = inner, factory, device
+
+    @property
+    def max_batch_size(self) -> int:
+        return self.inner.max_batch_size
+
+    @property
+    def info(self) -> BackendInfo:
+        return self.inner.info
+
+    def infer(self, batch: FloatArray) -> FloatArray:
+        mode, marker = self.factory.mode, self.factory.marker
+        if mode == "gate" and len(batch) > 1:
+            while not marker.exists():
+                time.sleep(0.005)
+        if TRIGGER in batch:
+            if mode in ("crash-once", "hang-once") and marker.exists():
+                marker.unlink()
+                if mode == "hang-once":
+                    time.sleep(3600)
+                os._exit(3)
+            if mode == "crash-always" or (mode == "crash-on-gpu" and self.device != "cpu"):
+                os._exit(3)
+        return self.inner.infer(batch)
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+class Results:
+    """Collects batch callbacks by label; the outputs are copied (the buffer is reused)."""
+
+    def __init__(self) -> None:
+        self.cond = threading.Condition()
+        self.got: dict[str, BatchResult] = {}
+
+    def callback(self, label: str) -> Callable[[BatchResult], None]:
+        def done(result: BatchResult) -> None:
+            kept = result if isinstance(result, BaseException) else np.array(result)
+            with self.cond:
+                self.got[label] = kept
+                self.cond.notify_all()
+
+        return done
+
+    def wait(self, *labels: str, timeout_s: float = 20.0) -> list[BatchResult]:
+        with self.cond:
+            ok = self.cond.wait_for(lambda: all(k in self.got for k in labels), timeout_s)
+            assert ok, f"missing {set(labels) - set(self.got)}"
+            return [self.got[k] for k in labels]
+
+
+@pytest.fixture
+def tiny(tmp_path: Path) -> TinyModel:
+    """The tiny model's folder and card."""
+    return make_tiny(tmp_path)
+
+
+@pytest.fixture
+def reference(tiny: TinyModel) -> FixedLatencyEngine:
+    """The fake engine in this process, to compare against."""
+    return FixedLatencyBackend(0.0, max_batch_size=64).load(tiny.card)
+
+
+def start_pool(tiny: TinyModel, backend: str = "fake:latency=0", **config: object) -> WorkerPool:
+    spec = WorkerSpec((tiny.card.folder,), backend=backend)
+    if "factory" in config:
+        spec = WorkerSpec((tiny.card.folder,), factory=config.pop("factory"))  # type: ignore[arg-type]
+    pool = WorkerPool(spec, PoolConfig(**{"gpus": 0, **config}))  # type: ignore[arg-type]
+    pool.start()
+    return pool
+
+
+@pytest.fixture
+def pools() -> Iterator[list[WorkerPool]]:
+    """Pools a test starts; stopped afterwards even when the test fails."""
+    started: list[WorkerPool] = []
+    yield started
+    for pool in started:
+        pool.stop(timeout_s=1.0)
+
+
+def batch(*values: float) -> list[FloatArray]:
+    return [np.full(SHAPE, v, np.float32) for v in values]
+
+
+def submit(pool: WorkerPool, results: Results, label: str, slices: Sequence[FloatArray]) -> None:
+    assert pool.reserve((1, 0.0, 0), timeout_s=10.0)
+    pool.submit("tiny", slices, results.callback(label))
+
+
+def gone(pid: int) -> bool:
+    """True when no process `pid` runs (a zombie counts as gone)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return True
+    return stat.rsplit(")", 1)[1].split()[0] == "Z"
+
+
+def test_least_loaded_prefers_idle_then_low_index_and_avoids_the_failed_worker() -> None:
+    assert least_loaded([2, 1, 1]) == 1
+    assert least_loaded([None, 2, 0]) == 2
+    assert least_loaded([0, 0], avoid=0) == 1
+    assert least_loaded([0, None], avoid=0) == 0  # the only one left
+    assert least_loaded([None, None]) is None
+
+
+def test_fake_backend_setting() -> None:
+    backend = fake_backend("fake:latency=0.05,per_slice=0.001,max_batch=8")
+    assert (backend.latency_s_per_batch, backend.per_slice_s, backend.max_batch_size) == (
+        0.05,
+        0.001,
+        8,
+    )
+    with pytest.raises(EngineError, match="unknown fake option"):
+        fake_backend("fake:latncy=1")
+
+
+def test_studies_through_two_cpu_workers_equal_a_direct_engine_call(
+    tiny: TinyModel, reference: FixedLatencyEngine, pools: list[WorkerPool]
+) -> None:
+    pool = start_pool(tiny, "fake:latency=0.002", cpu_workers=2)
+    pools.append(pool)
+    batcher = Batcher("tiny", BatchingConfig(max_batch_size=8, max_queue_delay_ms=1.0), pool)
+    batcher.start()
+    rng = np.random.default_rng(0)
+    inputs = [rng.standard_normal((n, *SHAPE), dtype=np.float32) for n in (5, 40, 17, 64)]
+
+    def study(k: int) -> FloatArray:
+        return BatchingEngine(batcher, k % 2, float(k)).infer(inputs[k])
+
+    with ThreadPoolExecutor(len(inputs)) as threads:
+        outputs = list(threads.map(study, range(len(inputs))))
+    for x, out in zip(inputs, outputs, strict=True):
+        assert np.array_equal(out, reference.infer(x))
+    batcher.stop()
+    status = pool.status()
+    assert sum(s.batches_done for s in status) == batcher.batches
+    assert all(s.backend == "fixed-latency" and s.device == "cpu" and s.alive for s in status)
+    assert pool.info("tiny").batch_sizes[-1] == 8
+
+
+def test_a_real_onnx_model_runs_in_a_cpu_worker(tiny: TinyModel, pools: list[WorkerPool]) -> None:
+    pool = start_pool(tiny, "onnxruntime-cpu")
+    pools.append(pool)
+    x = tiny.batch(6)
+    results = Results()
+    submit(pool, results, "x", list(x))
+    (out,) = results.wait("x")
+    assert isinstance(out, np.ndarray)
+    np.testing.assert_allclose(out, tiny.expected(x), rtol=1e-5, atol=1e-6)
+    assert pool.status()[0].backend == "onnxruntime-cpu"
+
+
+def test_least_loaded_dispatch_and_shallow_queues_across_two_workers(
+    tiny: TinyModel, tmp_path: Path, pools: list[WorkerPool]
+) -> None:
+    gate = tmp_path / "open"
+    pool = start_pool(tiny, factory=Faulty("gate", gate), cpu_workers=2, depth=2)
+    pools.append(pool)
+    results = Results()
+    for k in range(4):
+        submit(pool, results, str(k), batch(k, k))
+    assert [s.in_flight for s in pool.status()] == [2, 2]  # 0 and 2 on one, 1 and 3 on the other
+    assert not pool.reserve((0, 0.0, 0), timeout_s=0.2)  # both queues full: no fifth batch
+    gate.touch()
+    outs = results.wait("0", "1", "2", "3")
+    assert [float(np.asarray(o)[0, 0, 0, 0]) for o in outs] == [0.0, 1.0, 2.0, 3.0]
+    wait_until(lambda: [s.batches_done for s in pool.status()] == [2, 2])
+    assert all(s.batch_sizes == ((2, 2),) for s in pool.status())
+    assert pool.reserve((0, 0.0, 0), timeout_s=1.0)
+    pool.release()
+
+
+def test_a_worker_that_crashes_is_restarted_and_its_batch_retried_elsewhere(
+    tiny: TinyModel, tmp_path: Path, reference: FixedLatencyEngine, pools: list[WorkerPool]
+) -> None:
+    marker = tmp_path / "crash"
+    marker.touch()
+    pool = start_pool(tiny, factory=Faulty("crash-once", marker), cpu_workers=2)
+    pools.append(pool)
+    results = Results()
+    slices = batch(1.0, TRIGGER, 3.0)
+    submit(pool, results, "x", slices)
+    (out,) = results.wait("x")
+    assert isinstance(out, np.ndarray) and np.array_equal(out, reference.infer(np.stack(slices)))
+    assert not marker.exists()
+    wait_until(lambda: all(s.state == "ready" and s.alive for s in pool.status()))
+    assert sorted(s.restarts for s in pool.status()) == [0, 1]
+    assert sorted(s.batches_done for s in pool.status()) == [0, 1]
+
+
+def test_a_hung_worker_is_killed_restarted_and_the_batch_completes(
+    tiny: TinyModel, tmp_path: Path, pools: list[WorkerPool]
+) -> None:
+    marker = tmp_path / "hang"
+    marker.touch()
+    pool = start_pool(tiny, factory=Faulty("hang-once", marker), hang_timeout_s=1.0)
+    pools.append(pool)
+    results = Results()
+    submit(pool, results, "x", batch(TRIGGER, 5.0))
+    (out,) = results.wait("x")
+    assert isinstance(out, np.ndarray) and float(out[1, 0, 0, 0]) == 5.0
+    assert pool.status()[0].restarts == 1
+
+
+def test_a_gpu_worker_that_keeps_crashing_comes_back_on_the_cpu(
+    tiny: TinyModel, tmp_path: Path, pools: list[WorkerPool]
+) -> None:
+    pool = start_pool(tiny, factory=Faulty("crash-on-gpu", tmp_path), gpus=1, max_restarts=1)
+    pools.append(pool)
+    assert pool.status()[0].device == "cuda:0"
+    results = Results()
+    submit(pool, results, "x", batch(TRIGGER, 2.0))
+    (out,) = results.wait("x")
+    assert isinstance(out, np.ndarray)
+    (status,) = pool.status()
+    assert status.device == "cpu" and status.degraded and status.restarts == 1
+    assert pool.info("tiny").degraded
+
+
+def test_a_batch_that_kills_every_worker_fails_after_max_attempts(
+    tiny: TinyModel, tmp_path: Path, pools: list[WorkerPool]
+) -> None:
+    pool = start_pool(tiny, factory=Faulty("crash-always", tmp_path), max_attempts=2)
+    pools.append(pool)
+    results = Results()
+    submit(pool, results, "poison", batch(TRIGGER, 1.0))
+    (error,) = results.wait("poison")
+    assert isinstance(error, EngineError)
+    submit(pool, results, "fine", batch(1.0, 2.0))  # the restarted worker carries on
+    (out,) = results.wait("fine")
+    assert isinstance(out, np.ndarray)
+
+
+def test_a_worker_that_cannot_load_the_models_stops_the_start_with_the_reason(
+    tiny: TinyModel, tmp_path: Path
+) -> None:
+    with pytest.raises(StartupError, match="cannot load the model"):
+        start_pool(tiny, factory=Faulty("fail-load", tmp_path))
+
+
+def test_stop_drains_batches_in_flight_then_leaves_no_process(
+    tiny: TinyModel, tmp_path: Path
+) -> None:
+    gate = tmp_path / "open"
+    pool = start_pool(tiny, factory=Faulty("gate", gate), cpu_workers=2)
+    pids = [s.pid for s in pool.status()]
+    results = Results()
+    submit(pool, results, "a", batch(1.0, 2.0))
+    submit(pool, results, "b", batch(3.0, 4.0))
+    stopper = threading.Thread(target=pool.stop)
+    stopper.start()
+    stopper.join(0.2)
+    assert stopper.is_alive() and not results.got  # waiting for the gated batches
+    gate.touch()
+    stopper.join(10)
+    assert all(isinstance(r, np.ndarray) for r in results.wait("a", "b"))
+    assert all(pid is not None and gone(pid) for pid in pids)
+    assert pool.reserve((0, 0.0, 0), timeout_s=5.0)  # at once: the submit below fails fast
+    with pytest.raises(EngineError, match="not running"):
+        pool.submit("tiny", batch(1.0), results.callback("late"))
+
+
+PARENT = """
+import sys, time
+from pathlib import Path
+from imaging_ai.workers import PoolConfig, WorkerPool, WorkerSpec
+spec = WorkerSpec((Path(sys.argv[1]),), backend="fake:latency=0")
+pool = WorkerPool(spec, PoolConfig(gpus=0, cpu_workers=2))
+pool.start()
+print(" ".join(str(s.pid) for s in pool.status()), flush=True)
+time.sleep(60)
+"""
+
+
+def test_workers_die_with_a_killed_daemon(tiny: TinyModel) -> None:
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])}
+    parent = subprocess.Popen(
+        [sys.executable, "-c", PARENT, str(tiny.card.folder)],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    assert parent.stdout is not None
+    pids = [int(p) for p in parent.stdout.readline().split()]
+    assert len(pids) == 2 and not any(gone(pid) for pid in pids)
+    parent.kill()  # SIGKILL: no atexit, no stop(); only PR_SET_PDEATHSIG or the poll can help
+    parent.wait()
+    wait_until(lambda: all(gone(pid) for pid in pids), timeout_s=10.0)
