@@ -158,8 +158,8 @@ class Models:
     backend: str
 
 
-def load_models(config: EnginesConfig, data_dir: Path) -> Models:
-    """Discover and validate every model folder, then load the two the analysis needs.
+def discover_cards(config: EnginesConfig) -> tuple[ModelCard, ModelCard]:
+    """Validate every model folder; return the lung and nodule cards the analysis uses.
 
     Raises
     ------
@@ -173,16 +173,20 @@ def load_models(config: EnginesConfig, data_dir: Path) -> Models:
             f"model(s) {', '.join(missing)} not found in engines.dir {config.dir}; "
             f"found: {', '.join(sorted(cards)) or 'none'}"
         )
-    threads = config.cpu_threads
-    cpu = OrtOptions(intra_op_threads=threads, max_batch_size=config.max_batch_size)
+    return cards[config.lung_model], cards[config.nodule_model]
+
+
+def load_models(config: EnginesConfig, data_dir: Path) -> Models:
+    """The two models loaded in this process (``imaging-ai infer``; the daemon uses workers)."""
+    lungs, nodules = discover_cards(config)
+    cpu = OrtOptions(intra_op_threads=config.cpu_threads, max_batch_size=config.max_batch_size)
     gpu = replace(cpu, precision="fp16" if config.precision == "fp16" else "fp32")
     backend = make_backend(config.backend, data_dir, ort_cpu=cpu, ort_gpu=gpu)
 
-    def load(name: str) -> LoadedModel:
-        card = cards[name]
+    def load(card: ModelCard) -> LoadedModel:
         return LoadedModel(card, load_engine(backend, card, cpu=cpu))
 
-    return Models(load(config.lung_model), load(config.nodule_model), backend.name)
+    return Models(load(lungs), load(nodules), backend.name)
 
 
 def analyse_study(files: list[Path], models: Models) -> Analysis:

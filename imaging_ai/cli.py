@@ -24,6 +24,8 @@ def setup_logging(level: str) -> None:
         stream=sys.stderr,
     )
     logging.getLogger("pynetdicom").setLevel(logging.WARNING)
+    # highdicom logs each copied module with the source UIDs at INFO.
+    logging.getLogger("highdicom").setLevel(logging.WARNING)
 
 
 def _config(args: argparse.Namespace) -> Config:

@@ -189,6 +189,12 @@ class EnginesConfig:
     precision: str = "fp16"
     lung_model: str = "lung-seg"
     nodule_model: str = "nodule-det"
+    preferred_batch_sizes: tuple[int, ...] = ()
+    max_queue_delay_ms: float = 5.0
+    max_pending_slices: int = 1024
+    gpus: int = -1
+    cpu_workers: int = 1
+    worker_depth: int = 2
 
 
 @dataclass(frozen=True)
@@ -302,6 +308,7 @@ def _convert(key: str, type_name: Any, value: Any) -> Any:
         "tuple[PriorityRule, ...]": _as_rules,
         "tuple[Token, ...]": _as_tokens,
         "Secret": lambda key, value: Secret(_as_str(key, value)),
+        "tuple[int, ...]": _as_ints,
         "tuple[PacsDestination, ...]": _as_pacs,
         "tuple[RisDestination, ...]": _as_ris,
     }
@@ -330,6 +337,14 @@ def _as_bool(key: str, value: Any) -> bool:
     if not isinstance(value, bool):
         raise ConfigError(f"{key} must be true or false, got {value!r}")
     return value
+
+
+def _as_ints(key: str, value: Any) -> tuple[int, ...]:
+    if not isinstance(value, list) or not all(
+        isinstance(v, int) and not isinstance(v, bool) for v in value
+    ):
+        raise ConfigError(f"{key} must be an array of integers, got {value!r}")
+    return tuple(value)
 
 
 def _tables(key: str, value: Any) -> list[dict[str, Any]]:
@@ -536,6 +551,10 @@ def _validate_engines(e: EnginesConfig) -> None:
         raise ConfigError(f"engines.precision must be fp32 or fp16, got {e.precision!r}")
     if e.cpu_threads < 0:
         raise ConfigError(f"engines.cpu_threads must be >= 0, got {e.cpu_threads}")
+    if e.cpu_workers < 1 or e.worker_depth < 1:
+        raise ConfigError("engines.cpu_workers and engines.worker_depth must be >= 1")
+    if e.gpus < -1:
+        raise ConfigError(f"engines.gpus must be -1 (all visible), 0 or more, got {e.gpus}")
     if not 1 <= e.max_batch_size <= 1024:
         raise ConfigError(f"engines.max_batch_size must be 1-1024, got {e.max_batch_size}")
 

@@ -15,8 +15,8 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
-from imaging_ai.analyse import Models, load_models
 from imaging_ai.config import EnginesConfig
+from imaging_ai.engine_set import EngineSet
 from imaging_ai.errors import ImagingAIError
 
 log = logging.getLogger(__name__)
@@ -35,7 +35,7 @@ class ModelWatcher:
         self,
         config: EnginesConfig,
         data_dir: Path,
-        swap: Callable[[Models], None],
+        swap: Callable[[EngineSet], None],
         poll_s: float = 5.0,
     ) -> None:
         self.config = config
@@ -68,18 +68,17 @@ class ModelWatcher:
         with self._lock:
             seen = fingerprint(Path(self.config.dir))
             try:
-                models = load_models(self.config, self.data_dir)
+                engines = EngineSet(self.config, self.data_dir)
+                engines.start()
             except (ImagingAIError, OSError) as exc:
                 self.last_error = f"model reload failed; still running the previous models: {exc}"
                 log.error("%s", self.last_error)
                 self._seen = seen
                 return False
             self._seen, self.last_error = seen, ""
-            self.swap(models)
-            names = ", ".join(
-                f"{m.card.name} {m.card.version}" for m in (models.lungs, models.nodules)
-            )
-            log.info("models reloaded: %s on %s", names, models.backend)
+            self.swap(engines)
+            names = ", ".join(f"{c.name} {c.version}" for c in (engines.lungs, engines.nodules))
+            log.info("models reloaded: %s on %s", names, engines.backend)
             return True
 
     def _run(self) -> None:

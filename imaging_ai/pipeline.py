@@ -16,12 +16,12 @@ from typing import Any
 import uvicorn
 
 from imaging_ai import __version__
-from imaging_ai.analyse import Models, load_models
 from imaging_ai.assemble import Assembler, routing_tags
 from imaging_ai.catalog import Catalog
 from imaging_ai.config import Config, RisDestination
 from imaging_ai.db.models import AuditEvent
 from imaging_ai.db.session import make_engine, session_factory, upgrade, utcnow
+from imaging_ai.engine_set import EngineSet
 from imaging_ai.errors import OutOfResources, StartupError
 from imaging_ai.models_watch import ModelWatcher
 from imaging_ai.outbox import Outbox
@@ -91,18 +91,19 @@ class Daemon:
                 f"cannot create storage.data_dir {data_dir}: {exc.strerror}"
             ) from exc
         upgrade(self.engine)
-        models = load_models(self.config.engines, data_dir)
-        log.info(
-            "models %s on %s",
-            ", ".join(f"{m.card.name} {m.card.version}" for m in (models.lungs, models.nodules)),
-            models.backend,
-        )
-        self.processor = Processor(self.sessions, self.scheduler, models, self.config, self.outbox)
-        self.models = ModelWatcher(self.config.engines, data_dir, self._swap_models)
         # Receivers share their port (SO_REUSEPORT), so a second daemon could bind it too:
         # a plain bind first makes "port in use" a start-up error instead.
         _check_port_free("dicom", self.config.dicom.bind, self.config.dicom.port)
         _check_port_free("http", self.config.http.bind, self.config.http.port)
+        engines = EngineSet(self.config.engines, data_dir)
+        engines.start()
+        log.info(
+            "models %s on %s",
+            ", ".join(f"{c.name} {c.version}" for c in (engines.lungs, engines.nodules)),
+            engines.backend,
+        )
+        self.processor = Processor(self.sessions, self.scheduler, engines, self.config, self.outbox)
+        self.models = ModelWatcher(self.config.engines, data_dir, self._swap_models)
         registered, missing = self.catalog.reconcile(self.routing_tags)
         if registered or missing:
             log.warning(
@@ -126,10 +127,11 @@ class Daemon:
         receivers = "ok" if alive == expected else f"{alive} of {expected} receivers running"
         return {"database": database_ready(self.sessions), "disk": disk, "receivers": receivers}
 
-    def _swap_models(self, models: Models) -> None:
+    def _swap_models(self, engines: EngineSet) -> None:
         assert self.processor is not None
-        # The next study takes the new models; the one in hand keeps the ones it started with.
-        self.processor.models = models
+        # The next study takes the new set; studies in hand finish on the one they started with.
+        old, self.processor.engines = self.processor.engines, engines
+        old.retire()
         self._audit("daemon", "models_reload", self.config.engines.dir, "ok")
 
     def reload_models(self, actor: str) -> None:
@@ -140,16 +142,12 @@ class Daemon:
     def live_status(self) -> dict[str, Any]:
         """In-memory state for the status page."""
         claims = self.processor.current if self.processor else []
-        models = self.processor.models if self.processor else None
+        engines = self.processor.engines.status() if self.processor else {}
         return {
             "node": self.node,
             "receivers": {"processes": self.receivers.alive(), **self.receivers.stats.snapshot()},
             "processing": [c.study_uid for c in claims],
-            "models": {
-                m.card.name: {"version": m.card.version, "sha256": m.card.sha256[:12]}
-                for m in ((models.lungs, models.nodules) if models else ())
-            },
-            "backend": models.backend if models else None,
+            **engines,
             "models_error": self.models.last_error if self.processor else "",
         }
 
@@ -237,6 +235,7 @@ class Daemon:
         self.assembler.stop()
         if self.processor is not None:
             self.processor.stop()
+            self.processor.engines.stop()
         self.outbox.stop()
         if self.processor is not None:
             self.models.stop()

@@ -11,10 +11,11 @@ from pathlib import Path
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
-from imaging_ai.analyse import Analysis, Models, analyse_study
+from imaging_ai.analyse import Analysis, analyse_study
 from imaging_ai.config import Config
 from imaging_ai.db.models import Instance, Job, Report, Series, Study
 from imaging_ai.db.session import utcnow
+from imaging_ai.engine_set import EngineSet
 from imaging_ai.errors import InvalidDataset, UnsupportedInput
 from imaging_ai.outbox import Outbox
 from imaging_ai.outputs.files import ResultFiles, write_results
@@ -53,7 +54,7 @@ class Processor:
         self,
         sessions: sessionmaker[Session],
         scheduler: Scheduler,
-        models: Models,
+        engines: EngineSet,
         config: Config,
         outbox: Outbox,
         poll_s: float = 0.5,
@@ -61,7 +62,7 @@ class Processor:
     ) -> None:
         self.sessions = sessions
         self.scheduler = scheduler
-        self.models = models
+        self.engines = engines
         self.config = config
         self.spool_root = config.storage.spool_dir
         self.outbox = outbox
@@ -126,7 +127,9 @@ class Processor:
         keep_lease = _LeaseKeeper(self.scheduler, claim)
         try:
             files = self._files(claim)
-            analysis = analyse_study(files, self.models)
+            # The set in use now; a model reload swaps in a new one for later studies.
+            with self.engines.models_for(claim) as models:
+                analysis = analyse_study(files, models)
             created, text = utcnow(), impression(analysis)
             t = time.perf_counter()
             results = write_results(analysis, files, claim.job_id, created, text, self.config)

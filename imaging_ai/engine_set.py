@@ -1,0 +1,134 @@
+"""Takes the engines config and gives a running worker pool, a batcher per model, and per-study
+engines that carry the study's priority into every batch.
+
+An engine set is what a model reload swaps: the new set is started (cards validated, workers
+up, engines warmed) before it replaces the old one, and the old one stops only when the last
+study that started on it has finished.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from imaging_ai.analyse import LoadedModel, Models, discover_cards
+from imaging_ai.assemble import RANKS
+from imaging_ai.batch import Batcher, BatchingConfig, BatchingEngine
+from imaging_ai.config import EnginesConfig
+from imaging_ai.errors import ConfigError
+from imaging_ai.modelcard import ModelCard
+from imaging_ai.schedule import Claim
+from imaging_ai.workers import PoolConfig, WorkerPool, WorkerSpec
+
+log = logging.getLogger(__name__)
+
+
+def batching_config(config: EnginesConfig) -> BatchingConfig:
+    """The batchers' knobs from [engines], with errors naming the keys."""
+    try:
+        return BatchingConfig(
+            max_batch_size=config.max_batch_size,
+            preferred_batch_sizes=config.preferred_batch_sizes,
+            max_queue_delay_ms=config.max_queue_delay_ms,
+            max_pending=config.max_pending_slices,
+        )
+    except ValueError as exc:
+        raise ConfigError(f"[engines] batching: {exc}") from exc
+
+
+@dataclass
+class _Usage:
+    users: int = 0
+    retired: bool = False
+
+
+class EngineSet:
+    """Cards, a worker pool and one batcher per model."""
+
+    def __init__(self, config: EnginesConfig, data_dir: Path) -> None:
+        self.config = config
+        self.lungs, self.nodules = discover_cards(config)
+        spec = WorkerSpec(
+            model_dirs=(self.lungs.folder, self.nodules.folder),
+            backend=config.backend,
+            data_dir=data_dir,
+            cpu_threads=config.cpu_threads,
+            precision=config.precision,
+            max_batch_size=config.max_batch_size,
+        )
+        gpus = None if config.gpus < 0 else config.gpus
+        self.pool = WorkerPool(
+            spec, PoolConfig(gpus=gpus, cpu_workers=config.cpu_workers, depth=config.worker_depth)
+        )
+        knobs = batching_config(config)
+        self.batchers = {
+            c.name: Batcher(c.name, knobs, self.pool) for c in (self.lungs, self.nodules)
+        }
+        self._usage = _Usage()
+        self._lock = threading.Lock()
+
+    def start(self) -> None:
+        """Start the workers (engines loaded and warmed) and the batchers."""
+        self.pool.start()
+        for batcher in self.batchers.values():
+            batcher.start()
+
+    @property
+    def backend(self) -> str:
+        """The backend the lung model runs on (as the workers report it)."""
+        return self.pool.info(self.lungs.name).backend
+
+    @contextmanager
+    def models_for(self, claim: Claim) -> Iterator[Models]:
+        """Engines for one study: its slices enter every batch with its rank and deadline."""
+        with self._lock:
+            self._usage.users += 1
+        try:
+            rank, deadline = RANKS[claim.priority], claim.deadline.timestamp()
+
+            def loaded(card: ModelCard) -> LoadedModel:
+                engine = BatchingEngine(
+                    self.batchers[card.name], rank, deadline, study=claim.study_uid
+                )
+                return LoadedModel(card, engine)
+
+            yield Models(loaded(self.lungs), loaded(self.nodules), self.backend)
+        finally:
+            with self._lock:
+                self._usage.users -= 1
+                done = self._usage.retired and self._usage.users == 0
+            if done:
+                self.stop()
+
+    def retire(self) -> None:
+        """Stop once no study uses this set any more (after a swap)."""
+        with self._lock:
+            self._usage.retired = True
+            idle = self._usage.users == 0
+        if idle:
+            self.stop()
+
+    def stop(self) -> None:
+        """Drain the batchers, then stop the workers."""
+        for batcher in self.batchers.values():
+            batcher.stop()
+        self.pool.stop()
+
+    def status(self) -> dict[str, Any]:
+        """Workers and batchers for the status page."""
+        return {
+            "workers": [asdict(w) for w in self.pool.status()],
+            "batchers": {
+                name: {"pending": b.pending, "peak_pending": b.peak_pending, "batches": b.batches}
+                for name, b in self.batchers.items()
+            },
+            "models": {
+                c.name: {"version": c.version, "sha256": c.sha256[:12]}
+                for c in (self.lungs, self.nodules)
+            },
+        }
