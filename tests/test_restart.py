@@ -83,7 +83,7 @@ def test_sigkill_mid_series_loses_nothing(daemon: DaemonProcess, tmp_path: Path)
     for path in files:
         assert assoc.send_c_store(pydicom.dcmread(path)).Status == 0
     assoc.release()
-    wait_until(lambda: daemon.studies()[0]["state"] == "queued", timeout_s=30)
+    wait_until(lambda: daemon.studies()[0]["completed_at"] is not None, timeout_s=60)
     study = daemon.studies()[0]
     assert study["instance_count"] == SLICES
     assert study["late_instances"] == 0
