@@ -119,6 +119,10 @@ class EngineSet:
             batcher.stop()
         self.pool.stop()
 
+    def fallbacks(self) -> int:
+        """Batches the workers ran on the CPU because their GPU engine failed, so far."""
+        return sum(w.fallbacks for w in self.pool.status())
+
     def status(self) -> dict[str, Any]:
         """Workers and batchers for the status page."""
         return {

@@ -128,8 +128,11 @@ class Processor:
         try:
             files = self._files(claim)
             # The set in use now; a model reload swaps in a new one for later studies.
-            with self.engines.models_for(claim) as models:
+            engines = self.engines
+            fallbacks_before = engines.fallbacks()
+            with engines.models_for(claim) as models:
                 analysis = analyse_study(files, models)
+            fell_back = engines.fallbacks() - fallbacks_before
             created, text = utcnow(), impression(analysis)
             t = time.perf_counter()
             results = write_results(analysis, files, claim.job_id, created, text, self.config)
@@ -147,7 +150,14 @@ class Processor:
         finally:
             keep_lease.stop()
         timings["total"] = time.perf_counter() - started
-        self._record(claim, analysis, timings, results, created, text)
+        notes = []
+        if fell_back:
+            # Counted over the workers, so with studies in parallel it may include theirs.
+            notes.append(
+                f"GPU engine failed on {fell_back} batch(es) while this study ran; "
+                "they were run on the CPU instead"
+            )
+        self._record(claim, analysis, timings, results, created, text, notes)
 
     def _files(self, claim: Claim) -> list[Path]:
         with self.sessions() as s:
@@ -166,6 +176,7 @@ class Processor:
         results: ResultFiles,
         created: datetime,
         text: str,
+        notes: list[str],
     ) -> None:
         """Report, job, study and deliveries in one transaction: all or nothing."""
         data_dir = Path(self.config.storage.data_dir)
@@ -184,7 +195,7 @@ class Processor:
             }
             s.add(report)
             job.state, job.finished_at, job.lease_until = "done", created, None
-            job.timings = timings
+            job.timings, job.notes = timings, [*job.notes, *notes]
             study.error = ""
             deliveries = self.outbox.enqueue(s, study, list(results.payloads), created)
         log.info(

@@ -180,6 +180,7 @@ def study_json(s: Session, study: Study) -> dict[str, Any]:
         .join(Instance, Instance.series_id == Series.id, isouter=True)
         .where(Series.study_id == study.id)
     ).one()
+    job = s.scalars(select(Job).where(Job.study_id == study.id).order_by(Job.id.desc())).first()
     return {
         "study_uid": study.study_instance_uid,
         "accession": study.accession_number,
@@ -195,6 +196,7 @@ def study_json(s: Session, study: Study) -> dict[str, Any]:
         "completed_at": iso(study.completed_at),
         "completion_reason": study.completion_reason or None,
         "error": study.error or None,
+        "notes": list(job.notes) if job is not None else [],
     }
 
 
