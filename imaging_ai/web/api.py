@@ -93,8 +93,8 @@ class RisApi:
         """The reports of an accession number (audited)."""
         who = self.require(request, "ris", "admin")
         accession = request.query_params.get("accession")
-        if not accession:
-            raise HTTPException(400, "query parameter accession is required")
+        if not accession or len(accession) > 64:
+            raise HTTPException(400, "query parameter accession (at most 64 characters) is required")
         with self.ctx.sessions() as s, s.begin():
             rows = s.execute(
                 select(Study, Report)
@@ -222,4 +222,7 @@ def report_json(s: Session, study: Study, report: Report) -> dict[str, Any]:
 def audit(s: Session, who: Principal, action: str, target: str, request: Request) -> None:
     """Record who read or did what, from where (no patient identifiers)."""
     source = request.client.host if request.client else ""
-    s.add(AuditEvent(at=utcnow(), actor=who.name, action=action, target=target, source=source))
+    s.add(
+        AuditEvent(at=utcnow(), actor=who.name, action=action, target=target[:200],
+                   source=source[:100])
+    )
