@@ -102,6 +102,7 @@ class StorageConfig:
     database_url: str = ""
     min_free_mb: int = 1024
     node_name: str = ""
+    job_lease_s: float = 120.0
 
     @property
     def node(self) -> str:
@@ -460,6 +461,8 @@ def _validate(config: Config) -> None:
         raise ConfigError(
             f"storage.node_name must be letters, digits, '.', '_' or '-', got {node!r}"
         )
+    if config.storage.job_lease_s < 5:
+        raise ConfigError(f"storage.job_lease_s must be >= 5, got {config.storage.job_lease_s}")
     if config.storage.min_free_mb < 0:
         raise ConfigError(f"storage.min_free_mb must be >= 0, got {config.storage.min_free_mb}")
     url = config.storage.database_url

@@ -66,7 +66,9 @@ class Daemon:
         self.receivers = ReceiverPool(config)
         self.assembler = Assembler(self.sessions, config.assemble, config.priority, self.started_at)
         self.node = f"{config.storage.node}:{os.getpid()}"
-        self.scheduler = Scheduler(self.sessions, self.node, config.priority)
+        self.scheduler = Scheduler(
+            self.sessions, self.node, config.priority, lease_s=config.storage.job_lease_s
+        )
         self.processor: Processor | None = None
         self.outbox = Outbox(
             self.sessions, config, Path(config.storage.data_dir), hl7_sender=_send_hl7

@@ -40,9 +40,11 @@ class DaemonProcess:
         database_url: str = "",
         calling_aes: tuple[str, ...] = ("STORESCU", "PACS"),
         dicom_port: int = 0,
+        data_dir: Path | None = None,
+        storage_extra: str = "",
     ) -> None:
         self.root = root
-        self.data_dir = root / "data"
+        self.data_dir = data_dir or root / "data"
         self.dicom_port = dicom_port or free_port()
         self.http_port = free_port()
         self.log_path = root / "daemon.log"
@@ -53,7 +55,7 @@ class DaemonProcess:
             f'[dicom]\nae_title = "{CALLED_AE}"\nport = {self.dicom_port}\n'
             f"allowed_callers = [{callers}]\n"
             f'[storage]\ndata_dir = "{self.data_dir}"\nmin_free_mb = 16\n'
-            f'database_url = "{database_url}"\n'
+            f'database_url = "{database_url}"\n{storage_extra}\n'
             f"[http]\nport = {self.http_port}\n"
             f'tokens = [{{name = "it", token = "{ADMIN_TOKEN}", role = "admin"}}]\n'
             f'[engines]\ndir = "{ENGINES_DIR}"\nbackend = "onnxruntime-cpu"\n'
