@@ -94,7 +94,9 @@ class RisApi:
         who = self.require(request, "ris", "admin")
         accession = request.query_params.get("accession")
         if not accession or len(accession) > 64:
-            raise HTTPException(400, "query parameter accession (at most 64 characters) is required")
+            raise HTTPException(
+                400, "query parameter accession (at most 64 characters) is required"
+            )
         with self.ctx.sessions() as s, s.begin():
             rows = s.execute(
                 select(Study, Report)
@@ -223,6 +225,7 @@ def audit(s: Session, who: Principal, action: str, target: str, request: Request
     """Record who read or did what, from where (no patient identifiers)."""
     source = request.client.host if request.client else ""
     s.add(
-        AuditEvent(at=utcnow(), actor=who.name, action=action, target=target[:200],
-                   source=source[:100])
+        AuditEvent(
+            at=utcnow(), actor=who.name, action=action, target=target[:200], source=source[:100]
+        )
     )
