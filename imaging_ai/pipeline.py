@@ -70,6 +70,7 @@ class Daemon:
             self.sessions, self.node, config.priority, lease_s=config.storage.job_lease_s
         )
         self.processor: Processor | None = None
+        self.models = ModelWatcher(config.engines, Path(config.storage.data_dir), self._swap_models)
         self.outbox = Outbox(
             self.sessions, config, Path(config.storage.data_dir), hl7_sender=_send_hl7
         )
@@ -105,7 +106,6 @@ class Daemon:
             engines.backend,
         )
         self.processor = Processor(self.sessions, self.scheduler, engines, self.config, self.outbox)
-        self.models = ModelWatcher(self.config.engines, data_dir, self._swap_models)
         registered, missing = self.catalog.reconcile(self.routing_tags)
         if registered or missing:
             log.warning(
@@ -150,7 +150,7 @@ class Daemon:
             "receivers": {"processes": self.receivers.alive(), **self.receivers.stats.snapshot()},
             "processing": [c.study_uid for c in claims],
             **engines,
-            "models_error": self.models.last_error if self.processor else "",
+            "models_error": self.models.last_error,
         }
 
     # Admin actions (web.app.AdminActions): each is recorded in the audit log.
@@ -239,8 +239,7 @@ class Daemon:
             self.processor.stop()
             self.processor.engines.stop()
         self.outbox.stop()
-        if self.processor is not None:
-            self.models.stop()
+        self.models.stop()
         self.engine.dispose()
         log.info("imaging-ai stopped")
 

@@ -42,6 +42,7 @@ class DaemonProcess:
         dicom_port: int = 0,
         data_dir: Path | None = None,
         storage_extra: str = "",
+        engines_dir: Path = ENGINES_DIR,
     ) -> None:
         self.root = root
         self.data_dir = data_dir or root / "data"
@@ -58,7 +59,7 @@ class DaemonProcess:
             f'database_url = "{database_url}"\n{storage_extra}\n'
             f"[http]\nport = {self.http_port}\n"
             f'tokens = [{{name = "it", token = "{ADMIN_TOKEN}", role = "admin"}}]\n'
-            f'[engines]\ndir = "{ENGINES_DIR}"\nbackend = "onnxruntime-cpu"\n'
+            f'[engines]\ndir = "{engines_dir}"\nbackend = "onnxruntime-cpu"\n'
             f"{extra}\n"
         )
         self.proc: subprocess.Popen[bytes] | None = None
