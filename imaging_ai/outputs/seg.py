@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import highdicom as hd
 import numpy as np
@@ -146,7 +146,7 @@ def _segments(
         if by_key[key].lesion is None:
             organ_lut[dict(organs)[key]] = number
     # One pass maps every organ label to its segment number; lesion voxels are set after.
-    out: NDArray[np.integer] = organ_lut[analysis.labels]
+    out = cast(NDArray[np.integer], organ_lut[analysis.labels])
     descriptions = []
     for number, key in enumerate(kept, start=1):
         finding = by_key[key]
