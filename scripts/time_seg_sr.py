@@ -14,13 +14,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from imaging_ai.outputs import (  # noqa: E402
+from imaging_ai.outputs import (
     Algorithm,
     build_measurement_report,
     build_segmentation,
     output_uids,
 )
-from tests.outputs.scale import large_study  # noqa: E402
+from tests.outputs.scale import large_study
 
 
 def main() -> int:
