@@ -174,6 +174,9 @@ class OutputsConfig:
     retry_min_s: float = 5.0
     retry_max_s: float = 3600.0
     institution: str = ""
+    tls_ca: str = ""
+    tls_cert: str = ""
+    tls_key: str = ""
 
 
 BACKENDS = ("auto", "tensorrt", "onnxruntime-cuda", "onnxruntime-cpu")
@@ -534,6 +537,8 @@ def _validate_http(h: HttpConfig) -> None:
 
 
 def _validate_outputs(o: OutputsConfig) -> None:
+    if bool(o.tls_cert) != bool(o.tls_key):
+        raise ConfigError("outputs.tls_cert and outputs.tls_key must be given together")
     for i, pacs in enumerate(o.pacs):
         _validate_ae_title(f"outputs.pacs[{i}].ae_title", pacs.ae_title)
         _validate_port(f"outputs.pacs[{i}].port", pacs.port)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import random
 import socket
+import ssl
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -172,7 +173,9 @@ class Outbox:
     def _send_dicom(self, dest: PacsDestination, rows: list[Delivery]) -> dict[int, str]:
         """One association for every due object to one PACS; '' means delivered."""
         files = {row.id: self.data_dir / row.payload for row in rows}
-        assoc = _associate(self.config.dicom.ae_title, dest, files.values())
+        outputs = self.config.outputs
+        tls_files = (outputs.tls_ca, outputs.tls_cert, outputs.tls_key)
+        assoc = _associate(self.config.dicom.ae_title, dest, files.values(), tls_files)
         results: dict[int, str] = {}
         try:
             for row_id, path in files.items():
@@ -214,12 +217,13 @@ class Outbox:
                     current.next_try_at = now + timedelta(
                         seconds=backoff_s(current.attempts, low, high)
                     )
+                    # The peer's text may quote the patient (a RIS's "unknown patient X"): it
+                    # stays in the row, for the status page, and out of the log.
                     log.warning(
-                        "delivery %d to %s failed (attempt %d): %s",
+                        "delivery %d to %s failed (attempt %d); last error on the status page",
                         current.id,
                         current.destination,
                         current.attempts,
-                        error,
                     )
                 else:
                     current.state, current.delivered_at, current.last_error = "done", now, ""
@@ -264,7 +268,19 @@ def _settle_study(s: Session, study_id: int) -> None:
         study.state = "done"
 
 
-def _associate(calling_ae: str, dest: PacsDestination, files: Any) -> Any:
+def _tls_context(files: tuple[str, str, str]) -> ssl.SSLContext:
+    """Verify the PACS against ``outputs.tls_ca`` (system CAs when empty); present our own
+    certificate when ``outputs.tls_cert``/``tls_key`` are set (PACS that require one)."""
+    ca, cert, key = files
+    context = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=ca or None)
+    if cert:
+        context.load_cert_chain(cert, key)
+    return context
+
+
+def _associate(
+    calling_ae: str, dest: PacsDestination, files: Any, tls_files: tuple[str, str, str]
+) -> Any:
     ae = AE(ae_title=calling_ae)
     contexts = set()
     for path in files:
@@ -273,11 +289,7 @@ def _associate(calling_ae: str, dest: PacsDestination, files: Any) -> Any:
     for sop_class, syntax in sorted(contexts):
         ae.add_requested_context(sop_class, syntax)
     ae.network_timeout = ae.acse_timeout = ae.dimse_timeout = 60
-    tls = None
-    if dest.tls:
-        import ssl
-
-        tls = (ssl.create_default_context(ssl.Purpose.SERVER_AUTH), dest.host)
+    tls = (_tls_context(tls_files), dest.host) if dest.tls else None
     assoc = ae.associate(
         dest.host,
         dest.port,

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+import time
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from sqlalchemy import select
+from sqlalchemy import Engine, select
 from sqlalchemy.orm import Session
 
 from imaging_ai.bench.harness import free_port
@@ -48,7 +49,8 @@ def make_ca_and_cert(d: Path, name: str, ca: tuple[Path, Path] | None = None) ->
             capture_output=True,
         )
         return key, crt
-    csr = d / f"{name}.csr"
+    csr, san = d / f"{name}.csr", d / "san.ext"
+    san.write_text("subjectAltName=IP:127.0.0.1\n")
     subprocess.run(
         [
             "openssl",
@@ -80,6 +82,8 @@ def make_ca_and_cert(d: Path, name: str, ca: tuple[Path, Path] | None = None) ->
             "-CAcreateserial",
             "-days",
             "2",
+            "-extfile",
+            str(san),
             "-out",
             str(crt),
         ],
@@ -169,3 +173,74 @@ def test_tls_key_without_certificate_is_a_config_error() -> None:
 
     with pytest.raises(ConfigError, match=r"tls_cert and dicom\.tls_key"):
         _validate(replace(Config(), dicom=DicomConfig(tls_key="/x.key")))
+
+
+def test_outbox_sends_to_a_tls_pacs(
+    tmp_path: Path, pki: dict[str, tuple[Path, Path]], engine_for_outbox: Engine
+) -> None:
+    """The C-STORE SCU over TLS to DCMTK storescp +tls, which requires our certificate."""
+    from datetime import UTC, datetime
+
+    from imaging_ai.config import Config, OutputsConfig, PacsDestination
+    from imaging_ai.db.models import Delivery, Study
+    from imaging_ai.db.session import session_factory
+    from imaging_ai.outbox import Outbox, Payload
+
+    port, received = free_port(), tmp_path / "pacs"
+    received.mkdir()
+    key, crt = pki["server"]
+    pacs = subprocess.Popen(
+        [
+            "storescp",
+            "+tls",
+            str(key),
+            str(crt),
+            "+cf",
+            str(pki["ca"][1]),
+            "-aet",
+            "PACS",
+            "-od",
+            str(received),
+            "-dhl",
+            str(port),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        time.sleep(0.5)
+        data = tmp_path / "data"
+        files = ct_series(data / "results", slices=2)
+        outputs = OutputsConfig(
+            pacs=(PacsDestination("PACS", "127.0.0.1", port, tls=True),),
+            tls_ca=str(pki["ca"][1]),
+            tls_cert=str(pki["client"][1]),
+            tls_key=str(pki["client"][0]),
+        )
+        outbox = Outbox(session_factory(engine_for_outbox), Config(outputs=outputs), data)
+        now = datetime.now(UTC)
+        with Session(engine_for_outbox) as s, s.begin():
+            study = Study(
+                study_instance_uid="1.2.3",
+                state="processing",
+                received_at=now,
+                last_instance_at=now,
+            )
+            s.add(study)
+            s.flush()
+            outbox.enqueue(s, study, [Payload("seg", f, str(i)) for i, f in enumerate(files)], now)
+        assert outbox.deliver_due() == 2
+        with Session(engine_for_outbox) as s:
+            assert [d.state for d in s.scalars(select(Delivery))] == ["done", "done"]
+        assert len(list(received.iterdir())) == 2
+    finally:
+        pacs.terminate()
+        pacs.wait(10)
+
+
+@pytest.fixture
+def engine_for_outbox(tmp_path: Path) -> Iterator[Engine]:
+    engine = make_engine(f"sqlite:///{tmp_path / 'outbox.sqlite3'}")
+    upgrade(engine)
+    yield engine
+    engine.dispose()
