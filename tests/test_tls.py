@@ -244,3 +244,25 @@ def engine_for_outbox(tmp_path: Path) -> Iterator[Engine]:
     upgrade(engine)
     yield engine
     engine.dispose()
+
+
+def test_https_for_the_web_server(tmp_path: Path, pki: dict[str, tuple[Path, Path]]) -> None:
+    """[http] tls_cert/tls_key: the API answers over HTTPS, verified against our CA."""
+    import urllib.error
+    import urllib.request
+
+    from imaging_ai.bench.harness import DaemonProcess
+
+    key, crt = pki["server"]
+    daemon = DaemonProcess(
+        tmp_path / "d",
+        http_extra=f'tls_cert = "{crt}"\ntls_key = "{key}"',
+        https_ca=pki["ca"][1],
+    )
+    daemon.start()
+    try:
+        assert daemon.get("/healthz") == {"status": "alive"}
+        with pytest.raises((urllib.error.URLError, ConnectionError)):
+            urllib.request.urlopen(f"http://127.0.0.1:{daemon.http_port}/healthz", timeout=5)
+    finally:
+        assert daemon.stop() == 0

@@ -10,6 +10,7 @@ import json
 import os
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import time
@@ -43,6 +44,8 @@ class DaemonProcess:
         data_dir: Path | None = None,
         storage_extra: str = "",
         engines_dir: Path = ENGINES_DIR,
+        http_extra: str = "",
+        https_ca: Path | None = None,
     ) -> None:
         self.root = root
         self.data_dir = data_dir or root / "data"
@@ -58,11 +61,14 @@ class DaemonProcess:
             f'[storage]\ndata_dir = "{self.data_dir}"\nmin_free_mb = 16\n'
             f'database_url = "{database_url}"\n{storage_extra}\n'
             f"[http]\nport = {self.http_port}\n"
-            f'tokens = [{{name = "it", token = "{ADMIN_TOKEN}", role = "admin"}}]\n'
+            f'tokens = [{{name = "it", token = "{ADMIN_TOKEN}", role = "admin"}}]\n{http_extra}\n'
             f'[engines]\ndir = "{engines_dir}"\nbackend = "onnxruntime-cpu"\n'
             f"{extra}\n"
         )
         self.proc: subprocess.Popen[bytes] | None = None
+        # With [http] tls_cert/tls_key in http_extra, the API is reached over HTTPS.
+        self.scheme = "https" if https_ca else "http"
+        self.tls = ssl.create_default_context(cafile=str(https_ca)) if https_ca else None
 
     def start(self, timeout_s: float = 60) -> None:
         """Start and wait until /healthz answers; raise with the log if it exits first."""
@@ -91,10 +97,10 @@ class DaemonProcess:
     def get(self, path: str) -> Any:
         """GET a JSON API path with the admin token."""
         request = urllib.request.Request(
-            f"http://127.0.0.1:{self.http_port}{path}",
+            f"{self.scheme}://127.0.0.1:{self.http_port}{path}",
             headers={"Authorization": f"Bearer {ADMIN_TOKEN}"},
         )
-        with urllib.request.urlopen(request, timeout=10) as response:
+        with urllib.request.urlopen(request, timeout=10, context=self.tls) as response:
             return json.loads(response.read())
 
     def studies(self) -> list[dict[str, Any]]:
