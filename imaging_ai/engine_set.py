@@ -126,7 +126,9 @@ class EngineSet:
     def status(self) -> dict[str, Any]:
         """Workers and batchers for the status page."""
         return {
-            "workers": [asdict(w) for w in self.pool.status()],
+            "workers": [
+                {**asdict(w), "memory_bytes": _rss_bytes(w.pid)} for w in self.pool.status()
+            ],
             "batchers": {
                 name: {"pending": b.pending, "peak_pending": b.peak_pending, "batches": b.batches}
                 for name, b in self.batchers.items()
@@ -136,3 +138,17 @@ class EngineSet:
                 for c in (self.lungs, self.nodules)
             },
         }
+
+
+def _rss_bytes(pid: int | None) -> int | None:
+    """Resident memory of a worker process (Linux /proc), or None where it cannot be read."""
+    if not pid:
+        return None
+    try:
+        with open(f"/proc/{pid}/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
