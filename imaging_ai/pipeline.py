@@ -127,7 +127,19 @@ class Daemon:
         expected = receiver_count(self.config)
         alive = self.receivers.alive()
         receivers = "ok" if alive == expected else f"{alive} of {expected} receivers running"
-        return {"database": database_ready(self.sessions), "disk": disk, "receivers": receivers}
+        return {
+            "database": database_ready(self.sessions),
+            "disk": disk,
+            "receivers": receivers,
+            "engines": self._engines_ready(),
+        }
+
+    def _engines_ready(self) -> str:
+        if self.processor is None:
+            return "models not loaded"
+        workers = self.processor.engines.pool.status()
+        down = [w.device for w in workers if not w.alive]
+        return "ok" if workers and not down else f"inference workers down: {', '.join(down)}"
 
     def _swap_models(self, engines: EngineSet) -> None:
         assert self.processor is not None

@@ -65,6 +65,9 @@ def test_phantom_study_via_storescu(daemon: DaemonProcess, tmp_path: Path) -> No
     assert row["priority"] == "urgent"
     assert row["completed_at"] is not None
     assert row["deadline"] is not None
+    ready = daemon.get("/readyz")
+    assert ready["ready"] is True
+    assert set(ready["checks"]) == {"database", "disk", "receivers", "engines"}
     # The same study through the single-study view.
     assert daemon.get(f"/api/v1/studies/{row['study_uid']}")["instance_count"] == SLICES
     # No patient identifiers in the daemon's log.
