@@ -70,13 +70,13 @@ def test_batch_size_does_not_change_outputs(models: tuple[LoadedModel, LoadedMod
 
 
 def _volume(pv: PhantomVolume) -> Volume:
-    """The Volume load_series builds from the phantom's DICOM (rows +y, columns +x, slices -z)."""
-    first = pv.positions_mm[0]
+    """What load_series reads from the phantom's DICOM: HU as stored, slices feet to head."""
+    last = pv.positions_mm[-1]
     return Volume(
-        hu=pv.hu,
-        origin_mm=(float(first[0]), float(first[1]), float(first[2])),
+        hu=np.ascontiguousarray(np.rint(pv.hu[::-1])),
+        origin_mm=(float(last[0]), float(last[1]), float(last[2])),
         spacing_mm=pv.spacing_mm,
-        direction=np.diag([1.0, 1.0, -1.0]),
+        direction=np.eye(3),
         sop_instance_uids=tuple(f"2.25.{HELD_OUT_SEED}.{k}" for k in range(len(pv.indices))),
         series_instance_uid="2.25.1",
         study_instance_uid="2.25.2",
@@ -99,7 +99,7 @@ def test_daemon_path_on_a_held_out_phantom(models: tuple[LoadedModel, LoadedMode
     vol = _volume(pv)
     labels = lung_labels(lung, vol)
     for value in (1, 2):  # right, left
-        pred, truth = labels == value, pv.lung_labels == value
+        pred, truth = labels == value, pv.lung_labels[::-1] == value
         dice = 2 * (pred & truth).sum() / (pred.sum() + truth.sum())
         assert dice >= 0.9, f"lung {value}: Dice {dice:.3f}"
     result = analyse(vol, lung, nodule)
