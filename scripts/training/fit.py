@@ -13,7 +13,6 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 import torch
@@ -65,7 +64,9 @@ class FitLog:
     validation: list[dict[str, float]] | None = None
 
 
-def _affine(n: int, flip_p: float, gen: torch.Generator, device: torch.device) -> Any:
+def _affine(
+    n: int, flip_p: float, gen: torch.Generator, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Random affine maps (output → input coordinates) and which samples were flipped."""
 
     def uniform(lo: float, hi: float) -> torch.Tensor:
