@@ -81,7 +81,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=0.0,
         help="wall-clock cap of --stage train (0: none); training shortens to fit (see fit.py)",
     )
-    p.add_argument("--calibration-studies", type=int, default=20)
+    p.add_argument("--calibration-studies", type=int, default=60)
     p.add_argument("--max-fp-per-study", type=float, default=1.0, help="calibration target")
     p.add_argument("--test-studies", type=int, default=30)
     p.add_argument("--timing-repeats", type=int, default=5)
