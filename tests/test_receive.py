@@ -11,7 +11,12 @@ import pydicom
 import pytest
 from pydicom.uid import JPEG2000Lossless
 from pynetdicom import AE
-from pynetdicom.sop_class import CTImageStorage, MRImageStorage, Verification  # type: ignore
+from pynetdicom.sop_class import (  # type: ignore
+    CTImageStorage,
+    EnhancedCTImageStorage,
+    MRImageStorage,
+    Verification,
+)
 from sqlalchemy import Engine, select
 from sqlalchemy.orm import Session
 
@@ -111,10 +116,12 @@ def test_store_then_duplicate_replaces(
         assert s.scalars(select(Study)).one().calling_ae == "PACS"
     stored = pydicom.dcmread(receiver.spool.root / row.path)
     assert stored.InstanceNumber == 99
-    assert (
-        stored.file_meta.TransferSyntaxUID == assoc.accepted_contexts[0].transfer_syntax[0]
-        or stored.file_meta.TransferSyntaxUID
-    )  # type: ignore[attr-defined]
+    ct_context = next(
+        c
+        for c in assoc.accepted_contexts  # type: ignore[attr-defined]
+        if c.abstract_syntax == CTImageStorage
+    )
+    assert stored.file_meta.TransferSyntaxUID == ct_context.transfer_syntax[0]
     assert receiver.stats.snapshot()["stored"] == 2
 
 
@@ -159,16 +166,23 @@ def test_garbage_bytes_are_refused(receiver: Receiver, tmp_path: Path) -> None:
     assert list(receiver.spool.walk()) == []
 
 
-def test_sop_class_mismatch(receiver: Receiver, tmp_path: Path) -> None:
-    ds = pydicom.dcmread(ct_series(tmp_path / "src", slices=1)[0])
-    ds.SOPClassUID = MRImageStorage
-    ds.file_meta.MediaStorageSOPClassUID = MRImageStorage
+def test_mr_storage_is_not_accepted(receiver: Receiver) -> None:
     assoc = associate(receiver.port)
-    # Sent in the MR context but claims to be CT inside: not the same SOP class.
-    ds.SOPClassUID = CTImageStorage
-    cx = [c for c in assoc.accepted_contexts if c.abstract_syntax == MRImageStorage]  # type: ignore[attr-defined]
-    assert cx == []  # MR is not accepted at all: only CT and Enhanced CT are
+    accepted = {c.abstract_syntax for c in assoc.accepted_contexts}  # type: ignore[attr-defined]
     assoc.release()  # type: ignore[attr-defined]
+    assert MRImageStorage not in accepted  # only CT and Enhanced CT are offered to the pipeline
+    assert CTImageStorage in accepted
+
+
+def test_sop_class_mismatch_answers_a900(receiver: Receiver, tmp_path: Path) -> None:
+    # A CT image sent in the Enhanced CT context: the command and the dataset disagree.
+    path = ct_series(tmp_path / "src", slices=1)[0]
+    command = pydicom.Dataset()
+    command.AffectedSOPClassUID = EnhancedCTImageStorage
+    status = receiver.store(path, command, "1.2.840.10008.1.2.1", Peer("PACS", CALLED, "::1"))
+    assert isinstance(status, pydicom.Dataset)
+    assert status.Status == 0xA900
+    assert list(receiver.spool.walk()) == []
 
 
 def test_low_water_mark_answers_out_of_resources(sqlite_engine: Engine, tmp_path: Path) -> None:
