@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 CONFIG ?= deploy/imaging-ai.dev.toml
 DEB_TEST_PACKAGES := dcmtk dicom3tools postgresql orthanc chromium chromium-driver prometheus
 
-.PHONY: install run test lint typecheck pytest deps-system clean bench-ingest
+.PHONY: install run test lint typecheck pytest deps-system clean bench-ingest demo
 
 install: $(STAMP)
 
@@ -44,6 +44,11 @@ test: lint typecheck pytest
 
 bench-ingest: install deps-system
 	$(BIN)/imaging-ai bench ingest
+
+# Orthanc as the PACS, a stand-in RIS and the daemon on loopback, phantom studies pushed from
+# Orthanc; prints where to look and keeps running until Ctrl-C (DEMO_ARGS=--once to stop).
+demo: install deps-system
+	$(BIN)/python scripts/demo.py $(DEMO_ARGS)
 
 clean:
 	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache

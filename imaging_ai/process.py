@@ -5,18 +5,20 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from dataclasses import replace
 from datetime import datetime
 from pathlib import Path
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
-from imaging_ai.analyse import Analysis, analyse_study
+from imaging_ai.analyse import Analysis, LoadedModel, Models, analyse_study
 from imaging_ai.config import Config
 from imaging_ai.db.models import Instance, Job, Report, Series, Study
 from imaging_ai.db.session import utcnow
 from imaging_ai.engine_set import EngineSet
 from imaging_ai.errors import InvalidDataset, UnsupportedInput
+from imaging_ai.infer.base import BackendInfo, Engine, FloatArray
 from imaging_ai.outbox import Outbox
 from imaging_ai.outputs.files import ResultFiles, write_results
 from imaging_ai.schedule import Claim, Scheduler
@@ -131,12 +133,15 @@ class Processor:
             engines = self.engines
             fallbacks_before = engines.fallbacks()
             with engines.models_for(claim) as models:
-                analysis = analyse_study(files, models)
+                clocked, clocks = _clocked(models)
+                t = time.perf_counter()
+                analysis = analyse_study(files, clocked)
             fell_back = engines.fallbacks() - fallbacks_before
+            steps = split_steps(analysis.timings_s, t, clocks)
             created, text = utcnow(), impression(analysis)
             t = time.perf_counter()
             results = write_results(analysis, files, claim.job_id, created, text, self.config)
-            timings = {**analysis.timings_s, "outputs": time.perf_counter() - t}
+            timings = {**steps, "outputs": time.perf_counter() - t}
         except PERMANENT as exc:
             self._fail(claim, str(exc))
             return
@@ -214,6 +219,83 @@ class Processor:
             assert job is not None and study is not None
             job.state, job.finished_at, job.lease_until, job.error = "failed", now, None, reason
             study.state, study.error = "failed", reason
+
+
+class _EngineClock:
+    """An engine that notes when its first batch went in and how long it spent inferring.
+
+    A model's analysis step prepares every slice, runs the batches, then maps the outputs
+    back to the source grid; the clock is what tells those three apart.
+    """
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self.first_call: float | None = None
+        self.busy_s = 0.0
+
+    @property
+    def max_batch_size(self) -> int:
+        return self.engine.max_batch_size
+
+    @property
+    def info(self) -> BackendInfo:
+        return self.engine.info
+
+    def infer(self, batch: FloatArray) -> FloatArray:
+        start = time.perf_counter()
+        if self.first_call is None:
+            self.first_call = start
+        try:
+            return self.engine.infer(batch)
+        finally:
+            self.busy_s += time.perf_counter() - start
+
+    def close(self) -> None:
+        self.engine.close()
+
+
+def _clocked(models: Models) -> tuple[Models, dict[str, _EngineClock]]:
+    """The models with clocked engines, and the clocks by step name in the order they run."""
+    lungs, nodules = _EngineClock(models.lungs.engine), _EngineClock(models.nodules.engine)
+    clocked = replace(
+        models,
+        lungs=LoadedModel(models.lungs.card, lungs),
+        nodules=LoadedModel(models.nodules.card, nodules),
+    )
+    return clocked, {models.lungs.card.name: lungs, models.nodules.card.name: nodules}
+
+
+def split_steps(
+    steps: dict[str, float], started: float, clocks: dict[str, _EngineClock]
+) -> dict[str, float]:
+    """The analysis steps with each model's step split into preparation, inference, mapping.
+
+    ``preprocess`` is the slices' preparation for every model; a model's own key keeps only
+    its inference (batching and the workers included); ``postprocess`` gains the mapping of
+    outputs back to the source grid. The steps still add up to the same total.
+
+    Parameters
+    ----------
+    steps
+        ``Analysis.timings_s``: load, one step per model in ``clocks``' order, postprocess.
+    started
+        ``time.perf_counter()`` when the analysis began.
+    clocks
+        The clocked engines by model step name.
+    """
+    step_start = started + steps.get("load", 0.0)
+    preprocess = mapped_back = 0.0
+    inference = {}
+    for name, clock in clocks.items():
+        step = steps.get(name, 0.0)
+        prepared = clock.first_call - step_start if clock.first_call is not None else 0.0
+        inference[name] = clock.busy_s
+        preprocess += prepared
+        mapped_back += max(0.0, step - prepared - clock.busy_s)
+        step_start += step
+    out = {"load": steps.get("load", 0.0), "preprocess": preprocess, **inference}
+    out["postprocess"] = steps.get("postprocess", 0.0) + mapped_back
+    return out | {k: v for k, v in steps.items() if k not in out}
 
 
 class _LeaseKeeper:
