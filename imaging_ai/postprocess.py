@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import SimpleITK as sitk
@@ -151,25 +151,46 @@ def measure(
     )
 
 
+class Axes(NamedTuple):
+    """In-plane long and short axis (mm) of a lesion on one slice, and the long axis's unit
+    direction in the image plane (along the rows, along the columns)."""
+
+    long_mm: float
+    short_mm: float
+    direction: tuple[float, float]
+
+
 def axial_diameters(idx: NDArray[np.intp], volume: Volume) -> tuple[float, float]:
     """Long and short axis (mm) as radiologists measure: on the slice where the long axis is
     longest, the longest in-plane chord, and the longest chord perpendicular to it."""
     best = (0.0, 0.0)
     for k in np.unique(idx[:, 0]):
-        points = _slice_points_mm(idx[idx[:, 0] == k], volume)
-        long_axis, short_axis = _axes(points)
-        if long_axis > best[0]:
-            best = (long_axis, short_axis)
+        axes = slice_axes(idx[idx[:, 0] == k], volume)
+        if axes.long_mm > best[0]:
+            best = (axes.long_mm, axes.short_mm)
     return best
 
 
+def slice_axes(idx: NDArray[np.intp], volume: Volume) -> Axes:
+    """Long and short axis of a lesion's voxels (slice, row, col) on one slice."""
+    return _axes(_slice_points_mm(idx, volume))
+
+
 def _slice_points_mm(idx: NDArray[np.intp], volume: Volume) -> NDArray[np.float64]:
-    """Corners of each voxel in-plane (mm), so a one-voxel lesion measures one voxel across."""
+    """The lesion's outline in-plane (mm): the midpoints of its voxels' edges, hull only.
+
+    A mask says which voxel centres lie inside the lesion; its boundary lies between an inside
+    centre and the next outside one, and the midpoint of that step (where marching squares
+    puts the contour of a 0/1 mask) is within half a voxel of it. Between these points the
+    phantom nodules' axes come within 0.6 voxel of their continuous shapes' (about 0.2 voxel
+    long on average: a diameter is a maximum); between voxel corners, as before, they came
+    out up to a voxel long, and a one-voxel lesion 1.4 voxels across.
+    """
     dx, dy = volume.spacing_mm[0], volume.spacing_mm[1]
     centres = np.stack([idx[:, 2] * dx, idx[:, 1] * dy], axis=1).astype(np.float64)
-    offsets = np.array([[-dx, -dy], [dx, -dy], [-dx, dy], [dx, dy]]) / 2.0
-    corners = (centres[:, None, :] + offsets[None, :, :]).reshape(-1, 2)
-    return _hull(corners)
+    offsets = np.array([[-dx, 0.0], [dx, 0.0], [0.0, -dy], [0.0, dy]]) / 2.0
+    edges = (centres[:, None, :] + offsets[None, :, :]).reshape(-1, 2)
+    return _hull(edges)
 
 
 def _hull(points: NDArray[np.float64]) -> NDArray[np.float64]:
@@ -194,16 +215,17 @@ def _cross(o: NDArray[np.float64], a: NDArray[np.float64], b: NDArray[np.float64
     return float((a[0] - o[0]) * (b[1] - o[1]) - (a[1] - o[1]) * (b[0] - o[0]))
 
 
-def _axes(hull: NDArray[np.float64]) -> tuple[float, float]:
+def _axes(hull: NDArray[np.float64]) -> Axes:
     if len(hull) < 2:
-        return 0.0, 0.0
+        return Axes(0.0, 0.0, (1.0, 0.0))
     diff = hull[:, None, :] - hull[None, :, :]
     dist = np.hypot(diff[..., 0], diff[..., 1])
     i, j = np.unravel_index(int(dist.argmax()), dist.shape)
     long_axis = float(dist[i, j])
     direction = (hull[j] - hull[i]) / long_axis
     normal = np.array([-direction[1], direction[0]])
-    return long_axis, _longest_chord(hull @ direction, hull @ normal)
+    short_axis = _longest_chord(hull @ direction, hull @ normal)
+    return Axes(long_axis, short_axis, (float(direction[0]), float(direction[1])))
 
 
 def _longest_chord(u: NDArray[np.float64], v: NDArray[np.float64]) -> float:

@@ -90,8 +90,8 @@ def test_sphere_measured_within_one_voxel(diameter: float) -> None:
     lungs[:, :, 48:] = LEFT_LUNG  # columns at larger x: patient's left
     prob = ball.astype(np.float32)[:, None]
     [lesion] = detect_lesions(prob, DETECTION_CARD, volume, lungs)
-    assert lesion.long_axis_mm == pytest.approx(diameter, abs=SPACING[0] * 1.5)
-    assert lesion.short_axis_mm == pytest.approx(diameter, abs=SPACING[0] * 1.5)
+    assert lesion.long_axis_mm == pytest.approx(diameter, abs=SPACING[0])
+    assert lesion.short_axis_mm == pytest.approx(diameter, abs=SPACING[0])
     assert np.allclose(lesion.centre_mm, centre, atol=max(SPACING))
     true_ml = math.pi / 6 * diameter**3 / 1000
     assert lesion.volume_ml == pytest.approx(true_ml, rel=0.2)
@@ -99,21 +99,30 @@ def test_sphere_measured_within_one_voxel(diameter: float) -> None:
     assert lesion.side == "left"
 
 
+def _on_slice(rows: range, cols: range) -> np.ndarray:
+    return np.array([(1, r, c) for r in rows for c in cols])
+
+
 def test_elongated_lesion_long_and_short_axis() -> None:
+    """A 20 × 6 voxel rectangle (centres 13.3 × 3.5 mm apart). Its outline runs through the
+    midpoints of its edges: the pixel-edge rectangle, 14.0 × 4.2 mm, with the corners cut by
+    half a pixel. The longest chord joins the midpoints of two opposite end edges at opposite
+    corners (14.0 × 3.5 mm apart); the outline is centrally symmetric, so the longest chord
+    perpendicular to it runs through the centre and leaves through the long sides."""
     volume = make_volume((3, 64, 64))
-    idx = np.argwhere(np.zeros((3, 64, 64), bool) | True)
-    # A 20 × 6 voxel rectangle on one slice: 14.0 mm × 4.2 mm plus the diagonal.
-    rect = idx[
-        (idx[:, 0] == 1)
-        & (idx[:, 1] >= 10)
-        & (idx[:, 1] < 16)
-        & (idx[:, 2] >= 5)
-        & (idx[:, 2] < 25)
-    ]
-    long_axis, short_axis = axial_diameters(rect, volume)
-    assert long_axis == pytest.approx(math.hypot(14.0, 4.2), abs=1e-6)
-    # The longest chord perpendicular to the diagonal: 4.2 mm / cos(angle of the diagonal).
-    assert short_axis == pytest.approx(4.2 / math.cos(math.atan2(4.2, 14.0)), abs=1e-6)
+    long_axis, short_axis = axial_diameters(_on_slice(range(10, 16), range(5, 25)), volume)
+    assert long_axis == pytest.approx(math.hypot(14.0, 3.5), abs=1e-6)
+    assert short_axis == pytest.approx(4.2 / math.cos(math.atan2(3.5, 14.0)), abs=1e-6)
+
+
+def test_a_line_and_a_voxel_measure_their_length_and_one_voxel() -> None:
+    volume = make_volume((3, 64, 64))
+    assert axial_diameters(_on_slice(range(10, 11), range(5, 25)), volume) == pytest.approx(
+        (14.0, 0.7)
+    )
+    assert axial_diameters(_on_slice(range(10, 11), range(5, 6)), volume) == pytest.approx(
+        (0.7, 0.7)
+    )
 
 
 def test_components_are_separated_and_small_ones_dropped() -> None:

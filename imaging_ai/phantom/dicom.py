@@ -237,13 +237,26 @@ def write_study(
 
 
 def write_truth(vol: PhantomVolume, path: Path) -> None:
-    """Ground truth in the slice order of ascending InstanceNumber (see module docs)."""
+    """Ground truth in the slice order of ascending InstanceNumber (see module docs).
+
+    Per nodule: its centre and nominal diameter as drawn, and what its body measures
+    (:attr:`PhantomVolume.nodule_sizes`): the axial long and short axis, the z of the plane
+    they lie on, the volume and the centroid; and whether it has spicules, which its mask
+    includes but those sizes do not.
+    """
+    sizes = vol.nodule_sizes
     np.savez_compressed(
         path,
         lung_labels=vol.lung_labels,
         nodule_mask=vol.nodule_mask,
         nodule_centres_mm=vol.nodule_centres_mm,
         nodule_diameters_mm=vol.nodule_diameters_mm,
+        nodule_long_axes_mm=np.asarray([s.long_axis_mm for s in sizes], dtype=float),
+        nodule_short_axes_mm=np.asarray([s.short_axis_mm for s in sizes], dtype=float),
+        nodule_axes_z_mm=np.asarray([s.plane_z_mm for s in sizes], dtype=float),
+        nodule_volumes_ml=np.asarray([s.volume_ml for s in sizes], dtype=float),
+        nodule_centroids_mm=np.asarray([s.centroid_mm for s in sizes], dtype=float).reshape(-1, 3),
+        nodule_spiculated=np.asarray([bool(n.spicules) for n in vol.nodules], dtype=bool),
         nodule_kinds=np.asarray([n.kind for n in vol.nodules], dtype=str),
         origin_mm=vol.positions_mm[0] if len(vol.indices) else np.zeros(3),
         spacing_mm=np.asarray(vol.spacing_mm),
