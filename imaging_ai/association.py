@@ -4,16 +4,12 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import socket
-import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
-from typing import IO, Protocol
+from typing import Protocol
 
 from pydicom import Dataset
-from pynetdicom.dsutils import create_file_meta, encode_file_meta
 from pynetdicom.presentation import PresentationContext, negotiate_as_acceptor
 
 from imaging_ai import dul
@@ -36,19 +32,31 @@ class Peer:
     address: str
 
 
+class Incoming(Protocol):
+    """A C-STORE data set on its way in: fed fragment by fragment, then finished or discarded."""
+
+    def write(self, data: memoryview) -> None:
+        """Take the next fragment of the data set."""
+
+    def finish(self) -> Dataset:
+        """The data set is complete: keep it; return the C-STORE response status dataset."""
+
+    def discard(self) -> None:
+        """The transfer broke off: drop what was received."""
+
+
 class Acceptor(Protocol):
     """What an association asks of the receiver (one handler whose answer matters each)."""
 
     ae_title: str
     max_pdu: int
-    tmp_dir: Path
     contexts: list[PresentationContext]
 
     def admit(self, peer: Peer) -> tuple[int, int, int] | None:
         """None to accept, else the A-ASSOCIATE-RJ (result, source, diagnostic)."""
 
-    def store(self, path: Path, command: Dataset, syntax: str, peer: Peer) -> Dataset:
-        """Keep a received dataset file; return the C-STORE response status dataset."""
+    def begin_store(self, command: Dataset, syntax: str, peer: Peer) -> Incoming:
+        """A C-STORE request announced a data set: where its fragments go."""
 
 
 class Association:
@@ -63,8 +71,7 @@ class Association:
         self._command = bytearray()
         self._request: Dataset | None = None
         self._request_context = 0
-        self._file: IO[bytes] | None = None
-        self._path: Path | None = None
+        self._incoming: Incoming | None = None
 
     def run(self) -> None:
         """Negotiate, then serve DIMSE requests until the peer releases or aborts."""
@@ -140,43 +147,30 @@ class Association:
         if request.get("CommandDataSetType", dul.NO_DATASET) == dul.NO_DATASET:
             self._dispatch(None)
         else:
-            self._open_dataset_file(request, pdv.context_id)
+            syntax = str(self.contexts[pdv.context_id].transfer_syntax[0])
+            self._incoming = self.acceptor.begin_store(request, syntax, self.peer)
 
     def _on_data_fragment(self, pdv: dul.Pdv) -> None:
-        if self._file is None or pdv.context_id != self._request_context:
+        if self._incoming is None or pdv.context_id != self._request_context:
             raise dul.ProtocolError("data set fragment without a command that announced it")
-        self._file.write(pdv.data)
+        self._incoming.write(pdv.data)
         if pdv.is_last:
-            self._file.close()
-            self._file = None
-            self._dispatch(self._path)
+            incoming, self._incoming = self._incoming, None
+            self._dispatch(incoming)
 
-    def _open_dataset_file(self, request: Dataset, context_id: int) -> None:
-        """Write the Part-10 preamble and file meta, then the fragments as they arrive."""
-        syntax = self.contexts[context_id].transfer_syntax[0]
-        meta = create_file_meta(
-            sop_class_uid=request.get("AffectedSOPClassUID", ""),
-            sop_instance_uid=request.get("AffectedSOPInstanceUID", ""),
-            transfer_syntax=syntax,
-        )
-        self._path = self.acceptor.tmp_dir / f"{uuid.uuid4().hex}.part"
-        self._file = open(self._path, "wb")  # noqa: SIM115 - closed on the last fragment
-        self._file.write(b"\x00" * 128 + b"DICM" + encode_file_meta(meta))
-
-    def _dispatch(self, path: Path | None) -> None:
+    def _dispatch(self, incoming: Incoming | None) -> None:
         request, context_id = self._request, self._request_context
         assert request is not None
         self._request = None
         field = int(request.get("CommandField", 0))
-        if field == dul.C_STORE_RQ and path is not None:
-            syntax = str(self.contexts[context_id].transfer_syntax[0])
-            status = self.acceptor.store(path, request, syntax, self.peer)
+        if field == dul.C_STORE_RQ and incoming is not None:
+            status = incoming.finish()
             answer = dul.response(
                 request, dul.C_STORE_RSP, status.Status, str(status.get("ErrorComment", ""))
             )
-            self._path = None
-            if path.exists():  # not adopted into the spool: the instance was refused
-                path.unlink()
+        elif incoming is not None:  # a data set with a request we do not serve
+            incoming.discard()
+            answer = dul.response(request, field | 0x8000, STATUS_UNRECOGNIZED_OPERATION)
         elif field == dul.C_ECHO_RQ:
             answer = dul.response(request, dul.C_ECHO_RSP, 0x0000)
         else:
@@ -189,8 +183,6 @@ class Association:
 
     def _discard_partial(self) -> None:
         """A data set cut off mid-transfer was never answered Success: drop it."""
-        if self._file is not None:
-            self._file.close()
-        if self._path is not None:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(self._path)
+        if self._incoming is not None:
+            self._incoming.discard()
+            self._incoming = None

@@ -53,6 +53,8 @@ NO_DATASET = 0x0101
 
 _HEADER = struct.Struct(">BBL")
 _PDV_HEADER = struct.Struct(">LBB")
+_SHORT_ELEMENT = struct.Struct("<HH2sH")  # explicit VR little endian, 2-byte length
+_PREAMBLE = b"\x00" * 128 + b"DICM"
 
 
 class ProtocolError(Exception):
@@ -178,6 +180,37 @@ def encode_command_pdu(context_id: int, command: Dataset) -> bytes:
     encoded = group_length + elements
     pdv = _PDV_HEADER.pack(len(encoded) + 2, context_id, 0x03) + encoded
     return _HEADER.pack(P_DATA_TF_TYPE, 0, len(pdv)) + pdv
+
+
+def part10_header(
+    sop_class_uid: str, sop_instance_uid: str, transfer_syntax_uid: str, source_ae: str = ""
+) -> bytes:
+    """Preamble, "DICM" and the File Meta Information group of a Part-10 file (PS3.10 7.1).
+
+    Encoded directly: building it through pydicom costs more than the rest of a C-STORE's
+    bookkeeping. The group is always explicit VR little endian.
+    """
+    elements = b"".join(
+        (
+            struct.pack("<HH2sHL", 0x0002, 0x0001, b"OB", 0, 2) + b"\x00\x01",
+            _meta_element(0x0002, "UI", sop_class_uid),
+            _meta_element(0x0003, "UI", sop_instance_uid),
+            _meta_element(0x0010, "UI", transfer_syntax_uid),
+            _meta_element(0x0012, "UI", IMPLEMENTATION_CLASS_UID),
+            _meta_element(0x0013, "SH", IMPLEMENTATION_VERSION),
+            _meta_element(0x0016, "AE", source_ae) if source_ae else b"",
+        )
+    )
+    group_length = _SHORT_ELEMENT.pack(0x0002, 0x0000, b"UL", 4) + struct.pack("<L", len(elements))
+    return _PREAMBLE + group_length + elements
+
+
+def _meta_element(element: int, vr: str, value: str) -> bytes:
+    """One short explicit-VR element of group 0002, padded to even length (UI with NUL)."""
+    raw = value.encode("ascii", "replace")
+    if len(raw) % 2:
+        raw += b"\x00" if vr == "UI" else b" "
+    return _SHORT_ELEMENT.pack(0x0002, element, vr.encode("ascii"), len(raw)) + raw
 
 
 def response(request: Dataset, command_field: int, status: int, comment: str = "") -> Dataset:

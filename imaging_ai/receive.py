@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import io
 import logging
 import multiprocessing
+import os
 import socket
 import socketserver
 import ssl
@@ -13,9 +15,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from pydicom import Dataset, dcmread
+from pydicom.filereader import read_dataset
 from pydicom.pixels.decoders.base import get_decoder
 from pydicom.uid import (
     UID,
@@ -36,6 +39,7 @@ from pynetdicom.sop_class import (  # type: ignore[attr-defined]
 )
 from sqlalchemy.exc import SQLAlchemyError
 
+from imaging_ai import dul
 from imaging_ai.association import (
     REJECT_BUSY,
     REJECT_CALLED_AE,
@@ -46,7 +50,7 @@ from imaging_ai.association import (
 from imaging_ai.catalog import Catalog, InstanceMeta, meta_from_dataset
 from imaging_ai.config import DicomConfig
 from imaging_ai.errors import InvalidDataset, SOPClassMismatch, StartupError, StorageError
-from imaging_ai.spool import Spool
+from imaging_ai.spool import Spool, check_uid, storage_error
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +70,9 @@ STATUS_SOP_CLASS_MISMATCH = 0xA900
 STATUS_CANNOT_UNDERSTAND = 0xC000
 PIXEL_DATA_TAG = 0x7FE00010
 UNDEFINED_LENGTH = 0xFFFFFFFF
+# The first bytes of a data set are kept in memory to read its header while the rest
+# (Pixel Data) is still arriving; a header longer than this is read from the file instead.
+HEAD_BYTES = 65536
 
 
 class ReceiverStats:
@@ -98,6 +105,15 @@ class StoredInstance:
     size_bytes: int
     late: bool
     received_at: datetime
+
+
+@dataclass(frozen=True)
+class Header:
+    """A data set's attributes up to Pixel Data, read before its last fragment arrived."""
+
+    dataset: Dataset
+    meta: InstanceMeta | InvalidDataset  # what the catalog keeps, or why it cannot
+    size: int  # bytes of the whole data set (Pixel Data's position counts from its start)
 
 
 def accepted_transfer_syntaxes() -> list[UID]:
@@ -162,7 +178,6 @@ class Receiver:
         self.observers: list[Callable[[StoredInstance], None]] = []
         self.ae_title = config.ae_title
         self.max_pdu = config.max_pdu
-        self.tmp_dir = spool.tmp_dir
         self.contexts = supported_contexts()
         self._server: _Server | None = None
         self._active = 0
@@ -260,43 +275,91 @@ class Receiver:
         )
         return rejection
 
-    def store(self, path: Path, command: Dataset, syntax: str, peer: Peer) -> Dataset:
-        """Keep a received dataset file; the one place exceptions become C-STORE statuses."""
+    def begin_store(self, command: Dataset, syntax: str, peer: Peer) -> IncomingInstance:
+        """Where the fragments of an announced C-STORE data set go."""
+        return IncomingInstance(self, command, syntax, peer)
+
+    def store(
+        self,
+        path: Path,
+        command: Dataset,
+        syntax: str,
+        peer: Peer,
+        header: Header | None = None,
+        synced: bool = False,
+    ) -> Dataset:
+        """Keep a received dataset file; the one place exceptions become C-STORE statuses.
+
+        ``header`` was read from the data set's first bytes (without it the file is read);
+        ``synced``: the file is already flushed to disk.
+        """
         try:
-            stored = self._store(path, command, syntax, peer)
+            stored = self._store(path, command, syntax, peer, header, synced)
         except Exception as exc:
-            status = store_status(exc)
-            expected = isinstance(exc, InvalidDataset | StorageError)
-            log.log(
-                logging.WARNING if isinstance(exc, InvalidDataset) else logging.ERROR,
-                "C-STORE refused with status 0x%04X: %s",
-                status.Status,
-                exc,
-                exc_info=not expected,
-            )
-            return status
+            return self.refuse(exc)
         self._notify(stored)
         ok = Dataset()
         ok.Status = STATUS_SUCCESS
         return ok
 
-    def _store(self, path: Path, command: Dataset, syntax: str, peer: Peer) -> StoredInstance:
+    def refuse(self, exc: BaseException) -> Dataset:
+        """Log why an instance is not kept and give the C-STORE failure status."""
+        status = store_status(exc)
+        expected = isinstance(exc, InvalidDataset | StorageError)
+        log.log(
+            logging.WARNING if isinstance(exc, InvalidDataset) else logging.ERROR,
+            "C-STORE refused with status 0x%04X: %s",
+            status.Status,
+            exc,
+            exc_info=not expected,
+        )
+        return status
+
+    def _store(
+        self,
+        path: Path,
+        command: Dataset,
+        syntax: str,
+        peer: Peer,
+        header: Header | None,
+        synced: bool,
+    ) -> StoredInstance:
         self.spool.ensure_space()
-        meta = self._meta(path, syntax, peer.calling_ae)
+        if header is None:
+            ds = self._read_file(path)
+            _check_pixel_data_complete(ds, path.stat().st_size)
+            meta = self.header_meta(ds, syntax, peer.calling_ae)
+        else:
+            _check_pixel_data_complete(header.dataset, header.size)
+            if isinstance(header.meta, InvalidDataset):
+                raise header.meta
+            meta = header.meta
         if meta.sop_class_uid != str(command.get("AffectedSOPClassUID", "")):
             raise SOPClassMismatch("dataset SOP Class UID differs from the C-STORE request")
-        spooled = self.spool.adopt(path, meta.study_uid, meta.series_uid, meta.sop_uid)
+        spooled = self.spool.adopt(path, meta.study_uid, meta.series_uid, meta.sop_uid, synced)
         at = datetime.now(UTC)
         late = self.catalog.record(meta, spooled.relative, spooled.size_bytes, at)
         if late:
             log.warning("late instance kept and flagged for an already completed study")
         return StoredInstance(meta, spooled.relative, spooled.size_bytes, late, at)
 
-    def _meta(self, path: Path, syntax: str, calling_ae: str) -> InstanceMeta:
+    @staticmethod
+    def _read_file(path: Path) -> Dataset:
         try:
             # Values over 1 KB (Pixel Data) are not read, only located.
-            ds = dcmread(path, defer_size=1024)
-            _check_pixel_data_complete(ds, path)
+            return dcmread(path, defer_size=1024)
+        except Exception as exc:
+            raise InvalidDataset(f"dataset cannot be decoded: {exc}") from exc
+
+    def header_meta(self, ds: Dataset, syntax: str, calling_ae: str) -> InstanceMeta:
+        """What the catalog keeps of a data set's header.
+
+        Raises
+        ------
+        InvalidDataset
+            A required attribute is missing or cannot be decoded.
+        """
+        try:
             return meta_from_dataset(ds, syntax, calling_ae, self.routing_tags)
         except InvalidDataset:
             raise
@@ -310,6 +373,118 @@ class Receiver:
                 observer(stored)
             except Exception:
                 log.exception("observer %r failed on a stored instance", observer)
+
+
+class IncomingInstance:
+    """One C-STORE data set as its fragments arrive.
+
+    The fragments go straight to a temporary file in the spool. The header is read from the
+    first fragments while Pixel Data is still on the wire, so once the last fragment is in
+    only the flush to disk, the rename and the row remain before the answer.
+    """
+
+    def __init__(self, receiver: Receiver, command: Dataset, syntax: str, peer: Peer) -> None:
+        self.receiver = receiver
+        self.command = command
+        self.syntax = syntax
+        self.peer = peer
+        self.path: Path | None = None
+        self._file: BinaryIO | None = None
+        self._error: Exception | None = None
+        self._head = bytearray()
+        self._header: Dataset | None = None
+        self._meta: InstanceMeta | InvalidDataset | None = None
+        self._size = 0
+        try:
+            sop_class = check_uid(str(command.get("AffectedSOPClassUID", "")), "SOP Class UID")
+            sop_uid = check_uid(str(command.get("AffectedSOPInstanceUID", "")), "SOP Instance UID")
+            receiver.spool.ensure_space()
+            self.path, self._file = receiver.spool.open_temporary()
+            self._file.write(dul.part10_header(sop_class, sop_uid, syntax, peer.calling_ae))
+        except (InvalidDataset, StorageError) as exc:
+            self._fail(exc)
+        except OSError as exc:
+            self._fail(storage_error(exc, "a received instance"))
+
+    def write(self, data: memoryview) -> None:
+        """Take the next fragment; read the header once the first bytes are in."""
+        if self._file is None:
+            return  # already refused: the rest of the data set is read and dropped
+        try:
+            self._file.write(data)
+        except OSError as exc:
+            self._fail(storage_error(exc, "a received instance"))
+            return
+        self._size += len(data)
+        if self._header is None and len(self._head) < HEAD_BYTES:
+            self._head += data
+            self._header = read_header(self._head, self.syntax)
+            if self._header is not None:
+                # Decoded now, while Pixel Data is still arriving, not after the last byte.
+                try:
+                    calling = self.peer.calling_ae
+                    self._meta = self.receiver.header_meta(self._header, self.syntax, calling)
+                except InvalidDataset as exc:
+                    self._meta = exc
+
+    def finish(self) -> Dataset:
+        """Flush the file to disk, then keep it (rename, row); give the C-STORE status."""
+        if self._file is None or self.path is None:
+            return self.receiver.refuse(self._error or StorageError("nothing was received"))
+        try:
+            self._file.flush()
+            os.fdatasync(self._file.fileno())
+        except OSError as exc:
+            self._fail(storage_error(exc, "a received instance"))
+            return self.receiver.refuse(self._error or exc)
+        finally:
+            self._close()
+        header = None
+        if self._header is not None and self._meta is not None:
+            header = Header(self._header, self._meta, self._size)
+        try:
+            return self.receiver.store(
+                self.path, self.command, self.syntax, self.peer, header, synced=True
+            )
+        finally:
+            self.path.unlink(missing_ok=True)  # still here only if it was refused
+
+    def discard(self) -> None:
+        """The transfer broke off before the last fragment: nothing is kept."""
+        self._close()
+        if self.path is not None:
+            self.path.unlink(missing_ok=True)
+
+    def _fail(self, exc: Exception) -> None:
+        self._error = exc
+        self.discard()
+        self.path = None
+
+    def _close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+
+def read_header(head: bytes | bytearray, syntax: str) -> Dataset | None:
+    """The data set's attributes up to Pixel Data, read from its first bytes, or None.
+
+    None means "not yet": Pixel Data has not been reached in ``head`` (or the syntax is one
+    whose encoding needs the whole file, such as deflate), and the file is read at the end.
+    Every element before Pixel Data is complete in ``head`` when Pixel Data's header is.
+    """
+    if syntax not in (ExplicitVRLittleEndian, ImplicitVRLittleEndian):
+        return None
+    try:
+        ds = read_dataset(
+            io.BytesIO(head),
+            is_implicit_VR=syntax == ImplicitVRLittleEndian,
+            is_little_endian=True,
+            defer_size=1024,
+        )
+    except Exception:
+        return None
+    return ds if PIXEL_DATA_TAG in ds else None
 
 
 def supported_contexts() -> list[PresentationContext]:
@@ -359,9 +534,10 @@ class _Handler(socketserver.BaseRequestHandler):
         server.receiver.serve_connection(sock, str(self.client_address[0]))
 
 
-def _check_pixel_data_complete(ds: Dataset, path: Path) -> None:
-    """Refuse native Pixel Data shorter than its image attributes need, or past the file's end.
+def _check_pixel_data_complete(ds: Dataset, size: int) -> None:
+    """Refuse native Pixel Data shorter than its image attributes need, or past the end.
 
+    ``size`` is the length of what was read, in the coordinates of the element's position.
     Only the element's position and length are read, never the pixels.
     """
     elem = ds.get_item(PIXEL_DATA_TAG, keep_deferred=True)
@@ -369,7 +545,6 @@ def _check_pixel_data_complete(ds: Dataset, path: Path) -> None:
     if elem is None or length is None or length == UNDEFINED_LENGTH:
         return
     tell = getattr(elem, "value_tell", None)
-    size = path.stat().st_size
     if tell is not None and tell + length > size:
         raise InvalidDataset(f"Pixel Data truncated: {size - tell} of {length} bytes received")
     frames = int(ds.get("NumberOfFrames") or 1)

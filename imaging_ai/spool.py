@@ -9,9 +9,11 @@ import re
 import shutil
 import threading
 import time
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 from imaging_ai.errors import InvalidDataset, OutOfResources, StorageError
 
@@ -91,6 +93,20 @@ class Spool:
                 f"{self.min_free_bytes // 2**20} MB required at {self.root}"
             )
 
+    def open_temporary(self) -> tuple[Path, BinaryIO]:
+        """A new file in ``tmp_dir`` for an instance still arriving; ``adopt`` takes it later.
+
+        Raises
+        ------
+        StorageError
+            OutOfResources when the disk is full.
+        """
+        path = self.tmp_dir / f"{uuid.uuid4().hex}.part"
+        try:
+            return path, open(path, "xb")
+        except OSError as exc:
+            raise storage_error(exc, path.name) from exc
+
     def relative_path(self, study_uid: str, series_uid: str, sop_uid: str) -> str:
         """The spool-relative path of an instance."""
         return "/".join(
@@ -117,14 +133,17 @@ class Spool:
             _write(tmp, data)
         except OSError as exc:
             tmp.unlink(missing_ok=True)
-            raise _storage_error(exc, tmp.name) from exc
+            raise storage_error(exc, tmp.name) from exc
         return self.adopt(tmp, study_uid, series_uid, sop_uid)
 
-    def adopt(self, src: Path, study_uid: str, series_uid: str, sop_uid: str) -> SpooledFile:
+    def adopt(
+        self, src: Path, study_uid: str, series_uid: str, sop_uid: str, synced: bool = False
+    ) -> SpooledFile:
         """Move a complete Part-10 file into the spool durably (fsync, rename, fsync dir).
 
         ``src`` should be on the spool's filesystem (``tmp_dir``) so the rename is atomic;
-        elsewhere it is copied first.
+        elsewhere it is copied first. ``synced`` says its data was already flushed to disk
+        (``os.fdatasync`` by the writer), which saves opening it again.
         """
         relative = self.relative_path(study_uid, series_uid, sop_uid)
         final = self.root / relative
@@ -133,7 +152,9 @@ class Spool:
                 src = Path(
                     shutil.copy(src, self.tmp_dir / f"{sop_uid}.{threading.get_ident()}.tmp")
                 )
-            _fsync_file(src)
+                synced = False
+            if not synced:
+                _fsync_file(src)
             size = src.stat().st_size
             if final.parent not in self._dirs:
                 final.parent.mkdir(parents=True, exist_ok=True)
@@ -143,7 +164,7 @@ class Spool:
         except OSError as exc:
             if src.parent == self.tmp_dir:
                 src.unlink(missing_ok=True)
-            raise _storage_error(exc, relative) from exc
+            raise storage_error(exc, relative) from exc
         return SpooledFile(path=final, relative=relative, size_bytes=size)
 
     def exists(self, relative: str) -> bool:
@@ -180,7 +201,8 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def _storage_error(exc: OSError, relative: str) -> StorageError:
+def storage_error(exc: OSError, relative: str) -> StorageError:
+    """The StorageError for an OSError while writing ``relative`` (OutOfResources if full)."""
     if exc.errno in (errno.ENOSPC, errno.EDQUOT):
         return OutOfResources(f"disk full while writing {relative}")
     return StorageError(f"cannot write {relative}: {exc.strerror}")
