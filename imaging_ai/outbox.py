@@ -23,6 +23,7 @@ from pynetdicom import AE, evt
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
+from imaging_ai import faults
 from imaging_ai.config import Config, PacsDestination, RisDestination
 from imaging_ai.db.models import AuditEvent, Delivery, Study
 from imaging_ai.db.session import utcnow
@@ -33,7 +34,8 @@ log = logging.getLogger(__name__)
 # C-STORE statuses that mean "stored": success and the warnings (coercion, elements discarded).
 STORED = {0x0000, 0xB000, 0xB006, 0xB007}
 BATCH = 20
-SEND_LEASE = timedelta(seconds=180)
+# A send lease is this many job leases (storage.job_lease_s): 180 s by default.
+SEND_LEASE_JOB_LEASES = 1.5
 
 
 @dataclass(frozen=True)
@@ -79,6 +81,10 @@ class Outbox:
         self.pacs = {pacs_key(d): d for d in config.outputs.pacs}
         self.ris = {ris_key(d): d for d in config.outputs.ris}
         self.hl7_sender = hl7_sender
+        # How long a claimed row waits before another node (or this one, restarted after a
+        # crash mid-send) may try it again: as long as a node may be silent before its jobs
+        # are taken over, and half as long again, since one pass sends up to BATCH rows.
+        self.send_lease = timedelta(seconds=SEND_LEASE_JOB_LEASES * config.storage.job_lease_s)
         self._stop = threading.Event()
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
@@ -154,7 +160,7 @@ class Outbox:
                 )
             )
             for row in due:
-                row.next_try_at = now + SEND_LEASE
+                row.next_try_at = now + self.send_lease
             s.expunge_all()
         return due
 
@@ -168,6 +174,8 @@ class Outbox:
                 results = {row.id: "destination no longer configured" for row in rows}
         except DeliveryError as exc:
             results = {row.id: str(exc) for row in rows}
+        if "" in results.values():
+            faults.reach("after:deliver")
         self._record(rows, results)
 
     def _send_dicom(self, dest: PacsDestination, rows: list[Delivery]) -> dict[int, str]:

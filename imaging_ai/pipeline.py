@@ -15,7 +15,7 @@ from typing import Any
 
 import uvicorn
 
-from imaging_ai import __version__
+from imaging_ai import __version__, faults
 from imaging_ai.assemble import Assembler, routing_tags
 from imaging_ai.catalog import Catalog
 from imaging_ai.config import Config, RisDestination
@@ -106,6 +106,9 @@ class Daemon:
             engines.backend,
         )
         self.processor = Processor(self.sessions, self.scheduler, engines, self.config, self.outbox)
+        orphans = self.scheduler.requeue_orphans()
+        if orphans:
+            log.warning("%d job(s) of an earlier process of this node queued again", orphans)
         registered, missing = self.catalog.reconcile(self.routing_tags)
         if registered or missing:
             log.warning(
@@ -288,6 +291,7 @@ def _check_port_free(what: str, host: str, port: int) -> None:
 
 def run_daemon(config: Config) -> None:
     """Start the daemon, serve until signalled, shut down in order."""
+    faults.arm(os.environ)  # test-only fault injection; off unless IMAGING_AI_FAULT is set
     daemon = Daemon(config)
     daemon.start()
     daemon.install_signal_handlers()

@@ -12,6 +12,7 @@ from pathlib import Path
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
+from imaging_ai import faults
 from imaging_ai.analyse import Analysis, LoadedModel, Models, analyse_study
 from imaging_ai.config import Config
 from imaging_ai.db.models import Instance, Job, Report, Series, Study
@@ -128,6 +129,7 @@ class Processor:
         started = time.perf_counter()
         keep_lease = _LeaseKeeper(self.scheduler, claim)
         try:
+            faults.reach("before:preprocess")
             files = self._files(claim)
             # The set in use now; a model reload swaps in a new one for later studies.
             engines = self.engines
@@ -136,12 +138,14 @@ class Processor:
                 clocked, clocks = _clocked(models)
                 t = time.perf_counter()
                 analysis = analyse_study(files, clocked)
+            faults.reach("after:postprocess")
             fell_back = engines.fallbacks() - fallbacks_before
             steps = split_steps(analysis.timings_s, t, clocks)
             created, text = utcnow(), impression(analysis)
             t = time.perf_counter()
             results = write_results(analysis, files, claim.job_id, created, text, self.config)
             timings = {**steps, "outputs": time.perf_counter() - t}
+            faults.reach("after:outputs")
         except PERMANENT as exc:
             self._fail(claim, str(exc))
             return

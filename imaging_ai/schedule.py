@@ -10,12 +10,14 @@ claim from one queue without blocking each other.
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session, sessionmaker
 
+from imaging_ai import faults
 from imaging_ai.assemble import RANKS
 from imaging_ai.config import PRIORITY_CLASSES, PriorityConfig
 from imaging_ai.db.models import AuditEvent, ClassControl, Job, Study
@@ -83,6 +85,7 @@ class Scheduler:
             job = s.scalars(query).first()
             if job is None:
                 return None
+            faults.reach("before:claim")
             # Compare-and-set: on SQLite, SKIP LOCKED does not exist and the select takes no
             # lock, so two threads can pick the same row; only one of them changes its state.
             won = s.execute(
@@ -133,6 +136,28 @@ class Scheduler:
                 if study is not None:
                     study.state = "queued"
             return len(jobs)
+
+    def requeue_orphans(self) -> int:
+        """Queue again, without waiting for their leases, the jobs of an earlier process of
+        this node that is gone (a crash or a kill): called once at start.
+
+        Nodes are ``name:pid``; node names are unique per host, so a job held under this
+        node's name by a process that no longer exists here has no one working on it.
+        """
+        name = self.node.rpartition(":")[0]
+        with self.sessions() as s, s.begin():
+            jobs = s.scalars(
+                select(Job).where(Job.state == "processing").with_for_update(skip_locked=True)
+            ).all()
+            orphans = [j for j in jobs if j.node != self.node and _dead_here(j.node, name)]
+            for job in orphans:
+                log.warning("job %d: its process %s is gone; queued again", job.id, job.node)
+                job.state, job.node, job.lease_until = "queued", "", None
+                job.notes = [*job.notes, "queued again after the daemon restarted"]
+                study = s.get(Study, job.study_id)
+                if study is not None:
+                    study.state = "queued"
+            return len(orphans)
 
     def requeue(self, claim: Claim, reason: str) -> None:
         """Give a claimed job back to the queue (shutdown, or a transient failure)."""
@@ -206,3 +231,17 @@ class Scheduler:
                 )
             )
             return True
+
+
+def _dead_here(node: str, name: str) -> bool:
+    """Whether ``node`` (``name:pid``) is a process of this host's node that no longer runs."""
+    node_name, _, pid = node.rpartition(":")
+    if node_name != name or not pid.isdigit():
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:  # it exists, under another user
+        return False
+    return False

@@ -39,6 +39,7 @@ from pathlib import Path
 
 import numpy as np
 
+from imaging_ai import faults
 from imaging_ai.batch import BatchCallback, Priority
 from imaging_ai.errors import EngineError, StartupError
 from imaging_ai.infer.base import BackendInfo, Engine, FloatArray, sample_batch
@@ -630,6 +631,7 @@ class WorkerPool:
         assert w.conn is not None
         with contextlib.suppress(OSError):  # a dead worker: the watchdog retries its batches
             w.conn.send(_Task(job.id, job.model, job.slot, in_shape, x_shm.name, y_shm.name))
+        faults.reach("in:batch")
 
     # -- the watchdog thread
 

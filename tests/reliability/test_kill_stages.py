@@ -1,0 +1,161 @@
+"""SIGKILL at every stage boundary, then restart: the study finishes once, and SEG, SR and ORU each
+arrive once or arrive again with the same UIDs (which PACS and RIS treat as a replace).
+
+`receiving` is killed from outside, in the middle of a C-STORE series; every later boundary is
+reached exactly with IMAGING_AI_FAULT (imaging_ai/faults.py). The fast test walks one study
+through all of them in turn, one SIGKILL per boundary; the slow one kills a fresh daemon at each
+boundary on its own, with the default-sized leases, so a study resumes within seconds of the
+restart instead of waiting for its lease (the restarted node takes its own orphaned jobs back).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import pydicom
+import pytest
+from pynetdicom import AE
+from pynetdicom.sop_class import CTImageStorage  # type: ignore[attr-defined]
+
+from imaging_ai.bench.harness import CALLED_AE
+from imaging_ai.faults import POINTS
+from tests.conftest import wait_until
+from tests.reliability.conftest import (
+    FaultDaemon,
+    Pacs,
+    Ris,
+    Studies,
+    outcome,
+    outputs_config,
+    study_state,
+)
+
+# The boundaries after receiving, in the order a study crosses them.
+CHAIN = list(POINTS)
+# after:postprocess leaves what in:batch leaves (a claimed job, nothing written) and costs one
+# more analysis: make test skips it in the walk; the slow test kills there too.
+FAST_CHAIN = [p for p in CHAIN if p != "after:postprocess"]
+# After a restart the idle clocks start again (the sender gets a full window to resend): the
+# study window must outlast the restart, or the study would complete before PACS resends it.
+ASSEMBLY = "[assemble]\nseries_idle_s = 1.0\nstudy_idle_s = 6.0\npoll_s = 0.2\n"
+
+
+def send_then_kill(files: list[Path], daemon: FaultDaemon, acknowledged_before_kill: int) -> int:
+    """Send over one association; SIGKILL the daemon while the next C-STORE is on the wire."""
+    ae = AE(ae_title="PACS")
+    ae.add_requested_context(CTImageStorage)
+    assoc = ae.associate("127.0.0.1", daemon.dicom_port, ae_title=CALLED_AE)
+    assert assoc.is_established
+    acknowledged = 0
+    killer = threading.Timer(0.002, daemon.kill)
+    for path in files:
+        if acknowledged == acknowledged_before_kill:
+            killer.start()
+        try:
+            status = assoc.send_c_store(pydicom.dcmread(path))
+        except RuntimeError:  # the association died between two sends
+            break
+        if not (status and status.Status == 0x0000) or not assoc.is_established:
+            break
+        acknowledged += 1
+    killer.join()
+    assoc.abort()
+    return acknowledged
+
+
+def check_delivered_once(pacs: Pacs, ris: Ris, uid: str, daemon: FaultDaemon) -> None:
+    """One SEG and one SR UID at PACS (resends keep it), one ORU control ID at RIS."""
+    engine = daemon.database()
+    result = outcome(engine, uid)
+    engine.dispose()
+    assert (result.state, result.error) == ("done", ""), daemon.log()[-3000:]
+    assert len(result.jobs) == 1 and result.jobs[0].state == "done"
+    assert result.reports == 1
+    assert sorted(d.kind for d in result.deliveries) == ["oru", "seg", "sr"]
+    assert all(d.state == "done" for d in result.deliveries)
+    arrivals = pacs.arrivals()
+    assert sorted(kind for kind, _ in arrivals) == ["seg", "sr"], arrivals
+    expected = {(d.kind, d.object_uid) for d in result.deliveries if d.kind != "oru"}
+    assert set(arrivals) == expected
+    assert ris.received and set(ris.control_ids()) == {
+        next(d.object_uid for d in result.deliveries if d.kind == "oru")
+    }
+
+
+def test_one_study_killed_at_every_stage_boundary_finishes_once(
+    tmp_path: Path, small_studies: Studies, pacs: Pacs, ris: Ris
+) -> None:
+    files = small_studies[0]
+    uid = str(pydicom.dcmread(files[0], stop_before_pixels=True).StudyInstanceUID)
+    daemon = FaultDaemon(
+        tmp_path / "daemon",
+        ASSEMBLY + outputs_config(pacs, ris),
+        # Short leases: this test also covers nodes that wait a lease out (see the slow one).
+        storage_extra="job_lease_s = 5.0",
+    )
+    daemon.start()
+    engine = daemon.database()
+    try:
+        # receiving: killed in the middle of the series; PACS sends the whole study again.
+        assert 0 < send_then_kill(files, daemon, 6) < len(files)
+        assert study_state(engine, uid) == "receiving"
+        daemon.start(fault=CHAIN[0])
+        daemon.send(files)
+        daemon.wait_fault(CHAIN[0])
+        assert study_state(engine, uid) == "queued"
+        # Each restart is armed with the next boundary; the study has to cross it to reach it.
+        for point in FAST_CHAIN[1:]:
+            daemon.launch(fault=point)
+            daemon.wait_fault(point)
+        daemon.start()
+        wait_until(lambda: study_state(engine, uid) == "done", timeout_s=60)
+        check_delivered_once(pacs, ris, uid, daemon)
+        [job] = outcome(engine, uid).jobs
+        # One attempt per kill from before:preprocess to after:outputs (a kill before the claim
+        # commits leaves the job as it was), and the one that finished before after:deliver.
+        assert job.attempts == len(FAST_CHAIN) - 1
+        seg, sr = (n for (kind, _), n in sorted(pacs.arrivals().items()) if kind in ("seg", "sr"))
+        assert seg == sr == 2  # sent, killed before the rows were marked done, sent again
+        assert len(ris.received) == 1
+    finally:
+        engine.dispose()
+        daemon.stop()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("point", ["receiving", *CHAIN])
+def test_killed_at_one_boundary_resumes_within_seconds(
+    point: str, tmp_path: Path, small_studies: Studies, pacs: Pacs, ris: Ris
+) -> None:
+    files = small_studies[1]
+    uid = str(pydicom.dcmread(files[0], stop_before_pixels=True).StudyInstanceUID)
+    # job_lease_s 30 s: the send lease is 45 s, and a job must come back well before 30 s.
+    daemon = FaultDaemon(
+        tmp_path / "daemon",
+        ASSEMBLY + outputs_config(pacs, ris),
+        storage_extra="job_lease_s = 30.0",
+    )
+    engine = daemon.database()
+    try:
+        if point == "receiving":
+            daemon.start()
+            send_then_kill(files, daemon, 8)
+        else:
+            daemon.start(fault=point)
+            daemon.send(files)
+            daemon.wait_fault(point)
+        killed_at = time.monotonic()
+        daemon.start()
+        if point == "receiving":
+            daemon.send(files)
+        wait_until(lambda: study_state(engine, uid) == "done", timeout_s=120)
+        took = time.monotonic() - killed_at
+        check_delivered_once(pacs, ris, uid, daemon)
+        limit = 45 + 15 if point == "after:deliver" else 25
+        print(f"\nkilled at {point}: done {took:.1f} s after the kill (limit {limit} s)")
+        assert took < limit
+    finally:
+        engine.dispose()
+        daemon.stop()
