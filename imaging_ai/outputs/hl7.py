@@ -6,10 +6,14 @@ Study Instance UID, and per finding a group of OBX sharing a sub-ID ("nodule-1",
 the finding, its site, its tracking UID and its measurements (NM, UCUM units). Every OBX has
 result status P, observation method "Artificial Intelligence" and the model in OBX-18.
 
-The ER7 text is written here (HL7's escaping of its five delimiters and of line breaks) and
-parsed back with python-hl7 before it is returned, so an unparseable message never leaves.
-python-hl7's own ``escape`` is not used: it hex-escapes non-ASCII characters one code point at
-a time, which garbles names in a UTF-8 message (MSH-18).
+The message is built with hl7apy as elements of the v2.5.1 ORU_R01 structure (groups,
+segments, fields, components) holding hl7apy datatypes, which escape the delimiters; hl7apy
+validates it against that structure (required segments and fields, groups, repetitions,
+datatypes, lengths) before it is returned, so an invalid message never leaves. Two things
+hl7apy does not do are done here: OBX-5, whose datatype "varies" with OBX-2, gets its
+components one by one, and formatted text (FT) writes line breaks as HL7's ``\\.br\\`` and
+escapes every backslash (hl7apy keeps one that already looks like an escape sequence; the
+other texts come from DICOM, whose names, IDs and accession numbers cannot hold a backslash).
 """
 
 from __future__ import annotations
@@ -18,8 +22,13 @@ import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
-import hl7  # type: ignore[import-untyped]
+from hl7apy import load_library  # type: ignore[import-untyped]
+from hl7apy.base_datatypes import FT  # type: ignore[import-untyped]
+from hl7apy.consts import VALIDATION_LEVEL  # type: ignore[import-untyped]
+from hl7apy.core import Component, Message, Segment, SubComponent  # type: ignore[import-untyped]
+from hl7apy.factories import datatype_factory  # type: ignore[import-untyped]
 
 from imaging_ai.modelcard import CodedConcept
 from imaging_ai.outputs.common import (
@@ -36,43 +45,44 @@ from imaging_ai.outputs.common import (
 )
 
 VERSION = "2.5.1"
+STRICT = VALIDATION_LEVEL.STRICT
 SENDING_APPLICATION = "IMAGING_AI"
 CHARSET = "UNICODE UTF-8"
 IMPRESSION = CodedConcept("19005-8", "LN", "Radiology Imaging study [Impression] (narrative)")
 STUDY_UID = CodedConcept("110180", "DCM", "Study Instance UID")
 TRACKING_UID = CodedConcept("112040", "DCM", "Tracking Unique Identifier")
+_BASE = frozenset(load_library(VERSION).get_base_datatypes())
+NULL = '""'  # HL7's explicit null: a required field whose value is unknown
 _SEX = {"M": "M", "F": "F", "O": "O"}  # DICOM (0010,0040) to HL7 table 0001; else U
 
-
-class Raw(str):
-    """Text already in ER7 (e.g. repetitions joined with ``~``); written as it is."""
-
-
-NULL = Raw('""')  # HL7's explicit null: a required field whose value is unknown
+# A field repetition is text, or components (each text, or a tuple of subcomponents).
+Value = str | Sequence[str | tuple[str, ...]]
 
 
-# A field is text, or components (each text, or a tuple of subcomponents); None is empty.
-Component = str | tuple[str, ...]
-FieldValue = str | Sequence[Component] | None
+class FormattedText(FT):  # type: ignore[misc]
+    """hl7apy's FT, escaping every backslash and writing line breaks as ``\\.br\\``."""
+
+    def _escape_value(self, value: str, encoding_chars: dict[str, str]) -> str:
+        esc = encoding_chars["ESCAPE"]
+        lines = re.split(r"\r\n|\r|\n", value.replace(esc, f"{esc}E{esc}"))
+        escape = super()._escape_value  # hl7apy's: the four delimiters
+        return f"{esc}.br{esc}".join(escape(line, encoding_chars) for line in lines)
+
+    @property
+    def classname(self) -> str:
+        """The datatype hl7apy checks against the structure: FT."""
+        return "FT"
 
 
 @dataclass(frozen=True)
 class _Obx:
     value_type: str
     code: CodedConcept
-    value: FieldValue
+    value: Value
     sub_id: str = ""
     unit: Unit | None = None
     method: tuple[CodedConcept, ...] = ()
     model: ModelId | None = None
-
-
-def escape(text: str) -> str:
-    """HL7 escape sequences for the delimiters; line breaks become ``\\.br\\`` (FT)."""
-    out = text.replace("\\", "\\E\\")
-    for char, code in (("|", "F"), ("^", "S"), ("&", "T"), ("~", "R")):
-        out = out.replace(char, f"\\{code}\\")
-    return re.sub(r"\r\n|\r|\n", r"\\.br\\", out)
 
 
 def build_oru(
@@ -103,38 +113,94 @@ def build_oru(
     -------
     str
         ER7 text, segments separated and ended by ``\\r``, UTF-8 when encoded (MSH-18).
+
+    Raises
+    ------
+    hl7apy.exceptions.HL7apyException
+        The message does not fit the v2.5.1 ORU^R01 structure (a bug, not bad input).
     """
     receiver = f"{receiving_application}|{receiving_facility}"
-    control_id = control_id or report.uids.message_control_id(receiver)
-    msh = (SENDING_APPLICATION, sending_facility, receiving_application, receiving_facility)
-    segments = [
-        _msh(*msh, when=report.created, control_id=control_id, processing_id=processing_id),
-        _pid(report.study),
-        _segment("ORC", "RE", report.study.accession, report.study.accession),
-        _obr(report),
-        _segment("NTE", "1", "L", f"{AI_STATEMENT} Made by {report.algorithm.summary}."),
-        *(_obx(n, obx, report) for n, obx in enumerate(_observations(report), start=1)),
-    ]
-    text = "\r".join(segments) + "\r"
-    hl7.parse(text)  # raises on a message that does not parse
-    return text
+    message = Message("ORU_R01", version=VERSION, validation_level=STRICT)
+    _msh(
+        message.msh,
+        (SENDING_APPLICATION, sending_facility, receiving_application, receiving_facility),
+        when=report.created,
+        control_id=control_id or report.uids.message_control_id(receiver),
+        processing_id=processing_id,
+    )
+    result = message.add_group("ORU_R01_PATIENT_RESULT")
+    _pid(result.add_group("ORU_R01_PATIENT").add_segment("PID"), report.study)
+    order = result.add_group("ORU_R01_ORDER_OBSERVATION")
+    accession = report.study.accession
+    set_fields(order.add_segment("ORC"), {1: "RE", 2: accession, 3: accession})
+    _obr(order.add_segment("OBR"), report)
+    note = f"{AI_STATEMENT} Made by {report.algorithm.summary}."
+    set_fields(order.add_segment("NTE"), {1: "1", 2: "L", 3: note})
+    for n, obx in enumerate(_observations(report), start=1):
+        _obx(order.add_group("ORU_R01_OBSERVATION").add_segment("OBX"), n, obx, report)
+    message.validate()  # raises on anything that breaks the v2.5.1 structure
+    return str(message.to_er7()) + "\r"
 
 
-def _segment(name: str, *fields: FieldValue) -> str:
-    return "|".join([name, *(_field(f) for f in fields)]).rstrip("|")
+def set_field(segment: Segment, number: int, *repetitions: Value) -> None:
+    """Set field ``number`` of an hl7apy segment to the repetitions given, each text or
+    components; empty ones are left out, and whatever hl7apy had put there is replaced."""
+    name = f"{segment.name}_{number}"
+    while segment.children.get(name):
+        segment.children.remove_by_name(name)
+    for value in repetitions:
+        if not value:
+            continue
+        field = segment.add_field(name)
+        if isinstance(value, str) and _is_leaf(field):
+            _leaf(field, value)
+            continue
+        for i, component in enumerate((value,) if isinstance(value, str) else value, start=1):
+            if component:
+                _component(field.add_component(f"{field.datatype}_{i}"), component)
 
 
-def _field(value: FieldValue) -> str:
-    if value is None:
-        return ""
-    if isinstance(value, Raw):
-        return str(value)
-    if isinstance(value, str):
-        return escape(value)
-    parts = [
-        escape(c) if isinstance(c, str) else "&".join(map(escape, c)).rstrip("&") for c in value
-    ]
-    return "^".join(parts).rstrip("^")
+def set_fields(segment: Segment, values: dict[int, Value]) -> None:
+    """:func:`set_field` for each ``{number: value}``."""
+    for number, value in values.items():
+        set_field(segment, number, value)
+
+
+def _component(component: Component, value: str | tuple[str, ...]) -> None:
+    if isinstance(value, str) and _is_leaf(component):
+        _leaf(component, value)
+        return
+    parts = (value,) if isinstance(value, str) else value
+    for i, part in enumerate(parts, start=1):
+        if part:
+            _leaf(component.add_subcomponent(f"{component.datatype}_{i}"), part)
+
+
+def _is_leaf(element: Any) -> bool:
+    return bool(element.datatype in _BASE)
+
+
+def _leaf(element: Any, text: str) -> None:
+    """A base-datatype element's value; hl7apy checks it against the datatype (a DTM must
+    be a date and time, an NM a number) and escapes it when written."""
+    if element.datatype == "FT":
+        element.value = FormattedText(text)
+    else:
+        element.value = datatype_factory(element.datatype, text, VERSION, STRICT)
+
+
+def _varies(segment: Segment, number: int, value_type: str, value: Value) -> None:
+    """OBX-5, whose datatype is OBX-2's: one VARIES component per component of the value."""
+    field = segment.add_field(f"{segment.name}_{number}")
+    parts = [value] if isinstance(value, str) else list(value)
+    leaf_type = value_type if value_type in ("NM", "FT") else "ST"
+    for i, part in enumerate(parts, start=1):
+        component = Component(f"VARIES_{i}", version=VERSION, validation_level=STRICT)
+        if part:
+            sub = SubComponent(datatype=leaf_type, version=VERSION, validation_level=STRICT)
+            _leaf(sub, str(part))
+            component.add(sub)
+        field.add(component)
 
 
 def _dtm(when: datetime | None) -> str:
@@ -150,54 +216,60 @@ def _ce(concept: CodedConcept) -> tuple[str, str, str]:
 
 
 def _msh(
-    sender: str,
-    sending_facility: str,
-    receiver: str,
-    receiving_facility: str,
+    msh: Segment,
+    parties: tuple[str, str, str, str],
     *,
     when: datetime,
     control_id: str,
     processing_id: str,
-) -> str:
-    # MSH-1 is the field separator itself and MSH-2 the other delimiters, written as they are.
-    fields: list[FieldValue] = [
-        *(sender, sending_facility, receiver, receiving_facility, _dtm(when.astimezone()), ""),
-        *(("ORU", "R01", "ORU_R01"), control_id, processing_id, VERSION),
-        *("", "", "", "", "", CHARSET),
-    ]
-    return "MSH|^~\\&|" + "|".join(_field(f) for f in fields)
+) -> None:
+    sender, sending_facility, receiver, receiving_facility = parties
+    values: dict[int, Value] = {
+        3: sender,
+        4: sending_facility,
+        5: receiver,
+        6: receiving_facility,
+        7: _dtm(when.astimezone()),
+        9: ("ORU", "R01", "ORU_R01"),
+        10: control_id,
+        11: processing_id,
+        12: VERSION,
+        18: CHARSET,
+    }
+    set_fields(msh, values)
 
 
-def _pid(study: StudyInfo) -> str:
+def _pid(pid: Segment, study: StudyInfo) -> None:
     parts = study.name_parts
     family, given, middle, prefix, suffix = parts
     # HL7 XPN puts the suffix before the prefix; PID-3 and PID-5 are required, so an unknown
     # identifier or name is sent as HL7's explicit null "".
-    name: FieldValue = ((family,), given, middle, suffix, prefix) if any(parts) else NULL
+    name: Value = ((family,), given, middle, suffix, prefix) if any(parts) else NULL
     identifier = (study.patient_id, "", "", (study.issuer_of_patient_id,), "MR")
-    return _segment(
-        "PID",
-        "1",
-        None,
-        identifier if study.patient_id else NULL,
-        None,
-        name,
-        None,
-        study.birth_date,
-        _SEX.get(study.sex, "U"),
-    )
+    values: dict[int, Value] = {
+        1: "1",
+        3: identifier if study.patient_id else NULL,
+        5: name,
+        7: study.birth_date,
+        8: _SEX.get(study.sex, "U"),
+    }
+    set_fields(pid, values)
 
 
-def _obr(report: Report) -> str:
+def _obr(obr: Segment, report: Report) -> None:
     study = report.study
-    fields: list[FieldValue] = [""] * 25
-    fields[0:4] = ["1", study.accession, study.accession, _ce(CT_CHEST)]
-    fields[6] = _dtm(study.study_datetime)  # OBR-7 observation date/time: when scanned
-    fields[17] = study.accession  # OBR-18 placer field 1: where IHE radiology puts it
-    fields[21] = _dtm(report.created.astimezone())  # OBR-22 results reported
-    fields[23] = "CT"  # OBR-24 diagnostic service section
-    fields[24] = "P"  # OBR-25 result status: preliminary
-    return _segment("OBR", *fields)
+    values: dict[int, Value] = {
+        1: "1",
+        2: study.accession,  # placer order number
+        3: study.accession,  # filler order number
+        4: _ce(CT_CHEST),
+        7: _dtm(study.study_datetime),  # observation date/time: when scanned
+        18: study.accession,  # placer field 1: where IHE radiology puts it
+        22: _dtm(report.created.astimezone()),  # results reported
+        24: "CT",  # diagnostic service section
+        25: "P",  # result status: preliminary
+    }
+    set_fields(obr, values)
 
 
 def _observations(report: Report) -> Iterator[_Obx]:
@@ -218,14 +290,14 @@ def _finding(finding: Finding, report: Report) -> Iterator[_Obx]:
         yield _Obx("NM", q.name, q.text, sub, q.unit, method, model)
 
 
-def _obx(set_id: int, obx: _Obx, report: Report) -> str:
-    unit = (obx.unit.code, obx.unit.meaning, "UCUM") if obx.unit else None
-    methods = Raw("~".join(_field(_ce(m)) for m in (ARTIFICIAL_INTELLIGENCE, *obx.method)))
-    model = (f"{obx.model.name} {obx.model.version}", SENDING_APPLICATION) if obx.model else None
-    fields: list[FieldValue] = [""] * 18
-    fields[0:6] = [str(set_id), obx.value_type, _ce(obx.code), obx.sub_id, obx.value, unit]
-    fields[10] = "P"  # OBX-11 observation result status: preliminary
-    fields[13] = _dtm(report.study.study_datetime)  # OBX-14 when the images were taken
-    fields[16] = methods  # OBX-17 observation method (repeats): AI, and Mean where derived
-    fields[17] = model  # OBX-18 equipment instance identifier: the model
-    return _segment("OBX", *fields)
+def _obx(obx: Segment, set_id: int, o: _Obx, report: Report) -> None:
+    set_fields(obx, {1: str(set_id), 2: o.value_type, 3: _ce(o.code), 4: o.sub_id})
+    _varies(obx, 5, o.value_type, o.value)
+    if o.unit:
+        set_field(obx, 6, (o.unit.code, o.unit.meaning, "UCUM"))
+    set_field(obx, 11, "P")  # observation result status: preliminary
+    set_field(obx, 14, _dtm(report.study.study_datetime))  # when the images were taken
+    # observation method (repeats): AI, and Mean where derived
+    set_field(obx, 17, *(_ce(m) for m in (ARTIFICIAL_INTELLIGENCE, *o.method)))
+    if o.model:  # equipment instance identifier: the model
+        set_field(obx, 18, (f"{o.model.name} {o.model.version}", SENDING_APPLICATION))

@@ -1,9 +1,12 @@
 """A stand-in RIS: takes HL7 messages over MLLP on loopback, records them, gives back ACKs.
 
-For tests and the demo, where no RIS exists. It is honest about the wire: it reads MLLP blocks
-byte by byte (<VT> message <FS><CR>), independently of the client's library, refuses a block
-that does not start with <VT>, and answers each message with an ACK of its control ID: AA, or
-the AE/AR and error text it was told to give, or nothing at all (``silent``) to test timeouts.
+For tests and the demo, where no RIS exists. The listener is hl7apy's ``MLLPServer``: it
+reads each ``<VT> message <FS><CR>`` block, refuses one that does not start with ``<VT>``,
+hands the message to a handler by its type (MSH-9) and writes back the handler's framed
+reply. The daemon sends with python-hl7, so the two ends share no MLLP code. The handler here
+records the message and answers with an ACK of its control ID built with hl7apy: AA, or the
+AE/AR and error text it was told to give; or nothing at all (``silent``, to test timeouts);
+or it hangs up without a word (``drop``). A message of another type is answered AR.
 
     python -m imaging_ai.outputs.mllp_listener --port 2575
 """
@@ -13,20 +16,29 @@ from __future__ import annotations
 import argparse
 import contextlib
 import logging
-import socket
-import socketserver
 import threading
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from types import TracebackType
 
-import hl7  # type: ignore[import-untyped]
+from hl7apy.consts import VALIDATION_LEVEL  # type: ignore[import-untyped]
+from hl7apy.core import Message  # type: ignore[import-untyped]
+from hl7apy.mllp import (  # type: ignore[import-untyped]
+    AbstractErrorHandler,
+    AbstractHandler,
+    MLLPServer,
+)
+from hl7apy.parser import parse_message  # type: ignore[import-untyped]
 
-from imaging_ai.outputs.hl7 import escape
+from imaging_ai.outputs.hl7 import set_fields
 
 log = logging.getLogger(__name__)
 
-START, END = b"\x0b", b"\x1c\r"
+VERSION = "2.5.1"
+ORU_TYPES = ("ORU^R01^ORU_R01", "ORU^R01")
+"""MSH-9 as hl7apy's server matches it: the text of the field."""
+SILENT_HOLD_S = 30.0
+"""How long a silent listener holds a connection before closing it."""
 
 
 @dataclass(frozen=True)
@@ -40,27 +52,28 @@ class Answer:
     drop: bool = False
 
 
+class _HangUp(Exception):
+    """Raised by a handler so that hl7apy's server closes the connection without a reply."""
+
+
 class RisListener:
-    """An MLLP listener on ``host`` (loopback by default); port 0 picks a free port."""
+    """An MLLP listener on ``host`` (loopback by default); port 0 picks a free port.
+
+    ``received`` lists every message it was sent, in order; ``answer`` may be changed while
+    it runs.
+    """
 
     def __init__(self, host: str = "127.0.0.1", port: int = 0, answer: Answer = Answer()) -> None:
         self.answer = answer
         self.received: list[str] = []
         self._lock = threading.Lock()
-        listener = self
-
-        class Handler(socketserver.BaseRequestHandler):
-            def handle(self) -> None:
-                listener._serve(self.request)
-
-        self._server = socketserver.ThreadingTCPServer(
-            (host, port), Handler, bind_and_activate=False
-        )
+        self._stopping = threading.Event()
+        handlers: dict[str, tuple[type, RisListener]] = {
+            kind: (_OruHandler, self) for kind in ORU_TYPES
+        }
+        handlers["ERR"] = (_ErrorHandler, self)
+        self._server = MLLPServer(host, port, handlers, timeout=SILENT_HOLD_S)
         self._server.daemon_threads = True
-        self._server.allow_reuse_address = True
-        self._server.server_bind()
-        self._server.server_activate()
-        # A short poll interval: stop() waits for the serving loop to notice.
         self._thread = threading.Thread(
             target=self._server.serve_forever, args=(0.05,), name="ris-listener", daemon=True
         )
@@ -77,7 +90,8 @@ class RisListener:
         return self
 
     def stop(self) -> None:
-        """Stop serving and close the socket."""
+        """Stop serving, release silent connections and close the socket."""
+        self._stopping.set()
         self._server.shutdown()
         self._server.server_close()
 
@@ -96,45 +110,83 @@ class RisListener:
     ) -> None:
         self.stop()
 
-    def _serve(self, conn: socket.socket) -> None:
-        """One connection: answer each complete block until the client closes."""
-        buffer = b""
-        while chunk := conn.recv(65536):
-            buffer += chunk
-            while END in buffer:
-                block, buffer = buffer.split(END, 1)
-                if not block.startswith(START):
-                    log.warning("MLLP block without <VT> start; closing the connection")
-                    return
-                reply = self._receive(block[1:].decode("utf-8", errors="replace"))
-                if reply is None:
-                    return
-                if reply:
-                    conn.sendall(START + reply.encode("utf-8") + END)
+    def reply(self, text: str) -> str:
+        """Record a message; give the framed ACK to send, or "" for silence.
 
-    def _receive(self, text: str) -> str | None:
-        """Record a message; the ACK to send, "" to stay silent, None to hang up."""
+        Raises
+        ------
+        _HangUp
+            When told to drop the connection.
+        """
         with self._lock:
             self.received.append(text)
             answer = self.answer
-        message = hl7.parse(text.replace("\n", "\r"))
-        control = str(message.segment("MSH")(10))
+        control = str(parse_message(text).msh.msh_10.value)
         log.info("stand-in RIS received message %s; answering %s", control, answer.code)
         if answer.drop:
-            return None
-        return "" if answer.silent else ack(control, answer.code, answer.text)
+            raise _HangUp
+        if answer.silent:
+            self._stopping.wait(SILENT_HOLD_S)
+            return ""
+        return _framed(ack(control, answer.code, answer.text))
+
+
+class _OruHandler(AbstractHandler):  # type: ignore[misc]
+    def __init__(self, message: str, listener: RisListener) -> None:
+        super().__init__(message)
+        self.listener = listener
+
+    def reply(self) -> str:
+        return self.listener.reply(self.incoming_message)
+
+
+class _ErrorHandler(AbstractErrorHandler):  # type: ignore[misc]
+    """A message the handlers do not take: AR with the reason; a hang-up stays one."""
+
+    def __init__(self, exc: Exception, message: str, listener: RisListener) -> None:
+        super().__init__(exc, message)
+        self.listener = listener
+
+    def reply(self) -> str:
+        if isinstance(self.exc, _HangUp):
+            raise self.exc
+        log.warning("stand-in RIS rejected a message: %s", self.exc)
+        try:
+            control = str(parse_message(self.incoming_message).msh.msh_10.value)
+        except Exception:
+            control = ""
+        return _framed(ack(control, "AR", str(self.exc)))
+
+
+def _framed(text: str) -> str:
+    # hl7apy's server writes what a handler returns as it is, so the framing goes on here.
+    return f"\x0b{text}\x1c\r"
 
 
 def ack(control_id: str, code: str = "AA", text: str = "") -> str:
-    """An HL7 v2.5.1 ACK of ``control_id``: MSA, and an ERR with ``text`` for an error."""
+    """An HL7 v2.5.1 ACK of ``control_id``, built with hl7apy: MSA, and an ERR with ``text``
+    for an error. ER7 text, segments ended by CR."""
+    message = Message("ACK", version=VERSION, validation_level=VALIDATION_LEVEL.STRICT)
     now = datetime.now(UTC).strftime("%Y%m%d%H%M%S%z")
-    segments = [
-        f"MSH|^~\\&|RIS|HOSPITAL|IMAGING_AI||{now}||ACK^R01^ACK|ACK{escape(control_id)}|P|2.5.1",
-        f"MSA|{code}|{escape(control_id)}" + (f"|{escape(text)}" if text else ""),
-    ]
+    set_fields(
+        message.msh,
+        {
+            3: "RIS",
+            4: "HOSPITAL",
+            5: "IMAGING_AI",
+            7: now,
+            9: ("ACK", "R01", "ACK"),
+            10: f"ACK{control_id}"[:199],
+            11: "P",
+            12: VERSION,
+        },
+    )
+    set_fields(message.add_segment("MSA"), {1: code, 2: control_id, 3: text})
     if code != "AA" and text:
-        segments.append(f"ERR|||207^Application internal error^HL70357|E||||{escape(text)}")
-    return "\r".join(segments) + "\r"
+        error = ("207", "Application internal error", "HL70357")
+        set_fields(message.add_segment("ERR"), {3: error, 4: "E", 8: text})
+    message.validate()
+    return str(message.to_er7()) + "\r"
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -7,10 +7,11 @@ import dataclasses
 import hl7
 import pytest
 from hl7apy.consts import VALIDATION_LEVEL
+from hl7apy.exceptions import HL7apyException
 from hl7apy.parser import parse_message
 
 from imaging_ai.outputs.common import Report, build_report
-from imaging_ai.outputs.hl7 import build_oru, escape
+from imaging_ai.outputs.hl7 import build_oru
 from tests.outputs.conftest import ALGORITHM, CREATED, IMPRESSION, Study
 
 
@@ -86,7 +87,9 @@ def test_text_is_escaped_and_unicode_survives(report: Report) -> None:
     assert len(text.split("\r")) == len(build_oru(report).split("\r"))
     m = hl7.parse(text.encode("utf-8").decode("utf-8"))
     assert (m["PID.F5.R1.C1"], m["PID.F5.R1.C2"]) == ("Müller|X", "Zoë~&")
-    assert obx_rows(m)[0](5)[0] == escape(tricky)
+    escaped = r"Line one \F\ with \S\ and \T\ and \R\ and \E\ \.br\line two"
+    assert obx_rows(m)[0](5)[0] == escaped
+    assert m.unescape(escaped) == tricky.replace("\n", "\r")
     assert parse_message(
         text, validation_level=VALIDATION_LEVEL.STRICT, find_groups=True
     ).validate()
@@ -104,3 +107,15 @@ def test_missing_patient_attributes_are_left_empty(report: Report) -> None:
     assert (m["PID.F3"], m["PID.F5"], m["PID.F7"], m["PID.F8"]) == ('""', '""', "", "U")
     strict = parse_message(text, validation_level=VALIDATION_LEVEL.STRICT, find_groups=True)
     assert strict.validate()
+
+
+def test_text_that_looks_escaped_is_escaped_again(report: Report) -> None:
+    """hl7apy keeps a backslash that already looks like an escape; FT text escapes them all."""
+    text = build_oru(dataclasses.replace(report, impression=r"a \F\ b"))
+    assert hl7.parse(text).unescape(str(obx_rows(hl7.parse(text))[0](5))) == r"a \F\ b"
+
+
+def test_a_message_that_breaks_the_structure_is_not_built(report: Report) -> None:
+    study = dataclasses.replace(report.study, patient_id="9" * 250)  # CX.1 is at most 199
+    with pytest.raises(HL7apyException):
+        build_oru(dataclasses.replace(report, study=study))

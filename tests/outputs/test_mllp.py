@@ -1,4 +1,5 @@
-"""MLLP to the stand-in RIS: AA delivers; AE, AR, silence, hang-ups and refusals fail."""
+"""MLLP to the stand-in RIS (hl7apy's MLLP server): AA delivers; AE, AR, silence, hang-ups and
+refusals fail; a RIS that is down gets the message once, through the outbox, when it returns."""
 
 from __future__ import annotations
 
@@ -6,11 +7,20 @@ import socket
 import threading
 import time
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import pytest
+from sqlalchemy import Engine, select
+from sqlalchemy.orm import Session
 
 from imaging_ai.bench.harness import free_port
+from imaging_ai.config import Config, OutputsConfig, RisDestination
+from imaging_ai.db.models import Delivery
+from imaging_ai.db.models import Study as StudyRow
+from imaging_ai.db.session import session_factory
 from imaging_ai.errors import DeliveryError
+from imaging_ai.outbox import Outbox, Payload
 from imaging_ai.outputs.common import build_report
 from imaging_ai.outputs.hl7 import build_oru
 from imaging_ai.outputs.mllp import Ack, control_id, parse_ack, send_oru
@@ -63,6 +73,12 @@ def test_hang_up_fails(ris: RisListener, message: str) -> None:
         send_oru(*ris.address, message, timeout=5)
 
 
+def test_a_message_of_another_type_is_rejected(ris: RisListener) -> None:
+    adt = "MSH|^~\\&|IMAGING_AI||RIS||20260101||ADT^A01^ADT_A01|ADT1|P|2.5.1\rEVN|A01|20260101\r"
+    with pytest.raises(DeliveryError, match=r"answered AR .*Unsupported message type ADT"):
+        send_oru(*ris.address, adt, timeout=5)
+
+
 def test_connection_refused_fails(message: str) -> None:
     with pytest.raises(DeliveryError, match="refused the connection"):
         send_oru("127.0.0.1", free_port(), message, timeout=5)
@@ -110,3 +126,44 @@ def test_parse_ack_reads_error_texts_of_2_3_and_2_5() -> None:
     assert parse_ack("MSH|^~\\&|RIS||X||1||ACK|3|P|2.3\rMSA|CA|IA1\r").ok
     with pytest.raises(DeliveryError, match="not an HL7 ACK"):
         parse_ack("HTTP/1.1 400 Bad Request")
+
+
+def test_a_ris_that_is_down_gets_the_message_once_after_it_returns(
+    engine: Engine, tmp_path: Path, message: str
+) -> None:
+    """The outbox with the real MLLP sender: refused while the RIS is down, backed off,
+    delivered once the listener is up, and never sent again."""
+    port = free_port()
+    path = tmp_path / "outputs" / "oru.hl7"
+    path.parent.mkdir()
+    path.write_bytes(message.encode("utf-8"))
+    outputs = OutputsConfig(ris=(RisDestination("127.0.0.1", port),), retry_min_s=5)
+
+    def send(dest: RisDestination, text: str) -> None:
+        send_oru(dest.host, dest.port, text, timeout=5)
+
+    outbox = Outbox(session_factory(engine), Config(outputs=outputs), tmp_path, send)
+    start = datetime(2026, 11, 30, 11, 0, tzinfo=UTC)
+    with Session(engine) as s, s.begin():
+        study = StudyRow(study_instance_uid="1.2.3", state="processing")
+        study.received_at = study.last_instance_at = start
+        s.add(study)
+        s.flush()
+        assert outbox.enqueue(s, study, [Payload("oru", path, control_id(message))], start) == 1
+    assert outbox.deliver_due(start) == 1
+    [row] = deliveries(engine)
+    assert (row.state, row.attempts) == ("pending", 1)
+    assert "refused the connection" in row.last_error
+    assert outbox.deliver_due() == 0  # backing off
+    later = datetime.now(UTC) + timedelta(minutes=2)
+    with RisListener(port=port) as listener:
+        assert outbox.deliver_due(later) == 1
+        assert outbox.deliver_due(later + timedelta(hours=2)) == 0
+    assert listener.received == [message]
+    [row] = deliveries(engine)
+    assert (row.state, row.attempts, row.last_error) == ("done", 2, "")
+
+
+def deliveries(engine: Engine) -> list[Delivery]:
+    with Session(engine) as s:
+        return list(s.scalars(select(Delivery)))
