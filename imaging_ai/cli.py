@@ -111,6 +111,30 @@ def cmd_bench_schedule(args: argparse.Namespace) -> int:
     return run(args)
 
 
+def cmd_bench_turnaround(args: argparse.Namespace) -> int:
+    """Benchmark one study's turnaround through Orthanc, by stage."""
+    from imaging_ai.bench.turnaround import run
+
+    setup_logging("WARNING")
+    return run(args)
+
+
+def cmd_bench_sustained(args: argparse.Namespace) -> int:
+    """Benchmark capacity and deadline misses under a mixed-priority stream."""
+    from imaging_ai.bench.sustained import run
+
+    setup_logging("WARNING")
+    return run(args)
+
+
+def cmd_bench_engines(args: argparse.Namespace) -> int:
+    """Benchmark the inference backends against PyTorch eager."""
+    from imaging_ai.bench.engines import run
+
+    setup_logging("WARNING")
+    return run(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser with every subcommand."""
     parser = argparse.ArgumentParser(prog="imaging-ai", description=__doc__)
@@ -159,6 +183,27 @@ def build_parser() -> argparse.ArgumentParser:
     schedule = bench_sub.add_parser("schedule", help="urgent turnaround under load vs idle")
     schedule_arguments(schedule)
     schedule.set_defaults(func=cmd_bench_schedule)
+    from imaging_ai.bench.turnaround import add_arguments as turnaround_arguments
+
+    turnaround = bench_sub.add_parser(
+        "turnaround", help="last instance in to results in PACS, by stage (Orthanc pushing)"
+    )
+    turnaround_arguments(turnaround)
+    turnaround.set_defaults(func=cmd_bench_turnaround)
+    from imaging_ai.bench.sustained import add_arguments as sustained_arguments
+
+    sustained = bench_sub.add_parser(
+        "sustained", help="capacity, then deadline misses per class at 80% of it"
+    )
+    sustained_arguments(sustained)
+    sustained.set_defaults(func=cmd_bench_sustained)
+    from imaging_ai.bench.engines import add_arguments as engines_arguments
+
+    engines = bench_sub.add_parser(
+        "engines", help="slices/s per backend and batch size vs PyTorch eager FP32"
+    )
+    engines_arguments(engines)
+    engines.set_defaults(func=cmd_bench_engines)
     return parser
 
 

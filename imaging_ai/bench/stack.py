@@ -16,13 +16,15 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pydicom
 
 from imaging_ai.bench.harness import ADMIN_TOKEN, CALLED_AE, DaemonProcess, free_port
 from imaging_ai.bench.orthanc import ORTHANC_AE, OrthancPacs
-from imaging_ai.outputs.mllp_listener import RisListener
+
+if TYPE_CHECKING:
+    from imaging_ai.outputs.mllp_listener import RisListener
 
 PRIORITY_ORDER = ("urgent", "inpatient", "outpatient")
 
@@ -104,6 +106,9 @@ class Hospital:
 
     def start(self) -> Hospital:
         """Start the RIS, Orthanc, then the daemon; return when the daemon is ready."""
+        # Imported here: the benchmarks' command line should not depend on the RIS stand-in.
+        from imaging_ai.outputs.mllp_listener import RisListener
+
         self.ris = RisListener(port=self.ris_port).start()
         self.orthanc.start()
         self.daemon.start(timeout_s=120)

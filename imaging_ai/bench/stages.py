@@ -71,6 +71,25 @@ def read_stages(database_url: str, study_uid: str) -> StudyStages:
         engine.dispose()
 
 
+def job_times(database_url: str, study_uid: str) -> tuple[datetime, datetime, datetime, datetime]:
+    """(claimed, results ready, study completed, deadline) of a study's finished job."""
+    engine = create_engine(database_url)
+    try:
+        with Session(engine) as s:
+            row = s.execute(
+                select(Job.started_at, Job.finished_at, Study.completed_at, Job.deadline)
+                .join(Study, Study.id == Job.study_id)
+                .where(Study.study_instance_uid == study_uid, Job.state == "done")
+                .order_by(Job.id.desc())
+            ).first()
+    finally:
+        engine.dispose()
+    started, finished, completed, deadline = row or (None, None, None, None)
+    if started is None or finished is None or completed is None or deadline is None:
+        raise LookupError(f"study {study_uid} has no finished job")
+    return started, finished, completed, deadline
+
+
 def _stages(s: Session, study_uid: str) -> StudyStages:
     study = s.scalars(select(Study).where(Study.study_instance_uid == study_uid)).one()
     job = s.scalars(select(Job).where(Job.study_id == study.id).order_by(Job.id.desc())).first()

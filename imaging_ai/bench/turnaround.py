@@ -1,0 +1,153 @@
+"""Takes phantom studies and gives one study's turnaround, from its last instance received to its
+SEG and SR stored in PACS (its report is on the API before that), p50 and p95, by stage.
+
+`imaging-ai bench turnaround --studies 5 --slices 300`: Orthanc, as the hospital's PACS, pushes
+each study in turn to an otherwise idle daemon that sends its results back to Orthanc and its
+ORU to a stand-in RIS (`imaging_ai.bench.stack`). The stage times are the daemon's own records
+(`imaging_ai.bench.stages`). The peer, in the same run and on the same machine: the analysis of
+the first study alone in this process, as `imaging-ai infer` runs it (reading, preprocessing,
+both models, postprocessing), with none of the daemon's receiving, queueing, workers, outputs
+or delivery. The backend is the daemon's ``[engines] backend``: ONNX Runtime CPU unless
+``IMAGING_AI_ENGINES__BACKEND`` says otherwise (the device run sets onnxruntime-cuda).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from imaging_ai.bench.harness import ENGINES_DIR
+from imaging_ai.bench.schedule import make_study
+from imaging_ai.bench.stack import Hospital, HospitalOptions, study_identity
+from imaging_ai.bench.stages import StudyStages, label, read_stages
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Options of `imaging-ai bench turnaround`."""
+    parser.add_argument("--studies", type=int, default=5, help="studies, sent one at a time")
+    parser.add_argument("--slices", type=int, default=300, help="slices per phantom study")
+    parser.add_argument(
+        "--idle", type=float, default=1.0, help="series and study idle timers (s; default 1)"
+    )
+    parser.add_argument("--batch", type=int, default=0, help="engines.max_batch_size (0: default)")
+    parser.add_argument("--goal", type=float, default=30.0, help="goal for p95 (s; default 30)")
+    parser.add_argument("--timeout", type=float, default=600, help="seconds to wait per study")
+    parser.add_argument("--plot", type=Path, help="write the stages of each study as PNG")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the benchmark and print the table; the last line starts with headline:."""
+    backend = os.environ.get("IMAGING_AI_ENGINES__BACKEND", "onnxruntime-cpu")
+    with tempfile.TemporaryDirectory(prefix="imaging-ai-bench-turnaround-") as tmp:
+        work = Path(tmp)
+        studies = []
+        for i in range(args.studies):
+            print(f"generating study {i + 1}/{args.studies} ({args.slices} slices)", flush=True)
+            accession = f"TURN-{i + 1}"
+            studies.append(make_study(work / accession, 7300 + i, args.slices, "urgent", accession))
+        print(f"peer: the first study analysed in this process ({backend})", flush=True)
+        bare = bare_analysis(studies[0], backend)
+        engines = f"max_batch_size = {args.batch}" if args.batch else ""
+        options = HospitalOptions(args.idle, args.idle, 0.1, engines, log_level="WARNING")
+        with Hospital(work / "hospital", options) as hospital:
+            results = [_one(hospital, files, i, args) for i, files in enumerate(studies, start=1)]
+    _print(results, bare, backend, args)
+    if args.plot:
+        from imaging_ai.bench.plots import turnaround_stages
+
+        title = f"turnaround of {args.slices}-slice studies by stage ({backend})"
+        turnaround_stages(results, args.plot, title)
+        print(f"plot: {args.plot}")
+    print(headline(results, bare, args))
+    return 0
+
+
+def bare_analysis(files: list[Path], backend: str) -> float:
+    """Seconds for `imaging_ai.analyse.analyse_study` on ``files`` (models loaded first)."""
+    from imaging_ai.analyse import analyse_study, load_models
+    from imaging_ai.config import EnginesConfig
+
+    with tempfile.TemporaryDirectory() as data:
+        models = load_models(EnginesConfig(dir=str(ENGINES_DIR), backend=backend), Path(data))
+        start = time.perf_counter()
+        analyse_study(files, models)
+        seconds = time.perf_counter() - start
+        for model in (models.lungs, models.nodules):
+            model.engine.close()
+    return seconds
+
+
+def _one(hospital: Hospital, files: list[Path], n: int, args: argparse.Namespace) -> StudyStages:
+    """Push one study from Orthanc, wait for its results there, read its stages."""
+    uid, accession = study_identity(files)
+    orthanc_id = hospital.upload(files)
+    hospital.push(orthanc_id)
+    deadline = time.monotonic() + args.timeout
+    while hospital.state(uid) != "done":
+        if time.monotonic() > deadline or hospital.state(uid) == "failed":
+            raise RuntimeError(f"study {n}: no results within {args.timeout} s")
+        time.sleep(0.1)
+    results = hospital.results(uid, accession, orthanc_id)
+    if results.problems():
+        raise RuntimeError(f"study {n}: {'; '.join(results.problems())}")
+    stages = read_stages(hospital.database_url, uid)
+    name, seconds = stages.slowest
+    print(
+        f"  study {n}/{args.studies}: {stages.turnaround_s:.1f} s "
+        f"(report on the API after {stages.report_s:.1f} s; slowest: {label(name)} "
+        f"{seconds:.1f} s)",
+        flush=True,
+    )
+    return stages
+
+
+def percentile(values: list[float], q: float) -> float:
+    """The q-th percentile, interpolated linearly between the measured values."""
+    return float(np.percentile(np.asarray(values, dtype=float), q))
+
+
+def _print(results: list[StudyStages], bare: float, backend: str, args: argparse.Namespace) -> None:
+    print()
+    print(
+        f"turnaround: {len(results)} studies of {args.slices} slices, one at a time, Orthanc "
+        f"pushing, {backend}, idle timers {args.idle:g} s"
+    )
+    print("from the last instance received to SEG+SR stored in Orthanc (p95 interpolated)")
+    print(f"{'stage':<40} {'p50 s':>7} {'p95 s':>7} {'share':>6}")
+    stages = list(dict.fromkeys(k for r in results for k in r.stages))
+    total = sum(r.turnaround_s for r in results)
+    for stage in stages:
+        values = [r.stages.get(stage, 0.0) for r in results]
+        print(
+            f"{label(stage):<40} {percentile(values, 50):>7.2f} {percentile(values, 95):>7.2f} "
+            f"{sum(values) / total:>6.0%}"
+        )
+    turnaround = [r.turnaround_s for r in results]
+    reports = [r.report_s for r in results]
+    print(f"{'turnaround (SEG+SR in Orthanc)':<40} {percentile(turnaround, 50):>7.2f} "
+          f"{percentile(turnaround, 95):>7.2f}")  # fmt: skip
+    print(f"{'report on the RIS API':<40} {percentile(reports, 50):>7.2f} "
+          f"{percentile(reports, 95):>7.2f}")  # fmt: skip
+    print(f"{'peer: bare analysis, one study':<40} {bare:>7.2f}")
+
+
+def headline(results: list[StudyStages], bare: float, args: argparse.Namespace) -> str:
+    """p50/p95 against the goal, the slowest stage by its median, and the peer."""
+    turnaround = [r.turnaround_s for r in results]
+    p50, p95 = percentile(turnaround, 50), percentile(turnaround, 95)
+    medians = {
+        stage: percentile([r.stages.get(stage, 0.0) for r in results], 50)
+        for stage in results[0].stages
+    }
+    slowest = max(medians, key=lambda k: medians[k])
+    verdict = "met" if p95 <= args.goal else "not met"
+    return (
+        f"headline: turnaround p50 {p50:.1f} s, p95 {p95:.1f} s for a {args.slices}-slice "
+        f"study (goal <= {args.goal:g} s: {verdict}); slowest stage {label(slowest)} "
+        f"(p50 {medians[slowest]:.1f} s); bare analysis {bare:.1f} s"
+    )
