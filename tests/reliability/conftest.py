@@ -320,3 +320,19 @@ def own_postgres() -> Iterator[StoppablePostgres]:
     if cluster.halted:
         cluster.resume()
     cluster.stop()
+
+
+def unread_bytes(pid: int) -> int:
+    """Bytes waiting unread on ``pid``'s Unix sockets (``ss``): a stopped inference worker's
+    pipe holds its batch there, so this tells that a batch is in flight to it."""
+    out = subprocess.run(["ss", "-xpn"], capture_output=True, text=True, check=True).stdout
+    return sum(
+        int(line.split()[2])
+        for line in out.splitlines()[1:]
+        if f"pid={pid}," in line and line.split()[2].isdigit()
+    )
+
+
+def log_lines(daemon: DaemonProcess, text: str) -> list[str]:
+    """The daemon's log lines that contain ``text``."""
+    return [line for line in daemon.log().splitlines() if text in line]
