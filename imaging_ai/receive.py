@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
 from pydicom import Dataset, dcmread
 from pydicom.filereader import read_dataset
@@ -50,7 +50,7 @@ from imaging_ai.association import (
 from imaging_ai.catalog import Catalog, InstanceMeta, meta_from_dataset
 from imaging_ai.config import DicomConfig
 from imaging_ai.errors import InvalidDataset, SOPClassMismatch, StartupError, StorageError
-from imaging_ai.spool import Spool, check_uid, storage_error
+from imaging_ai.spool import Spool, check_uid, start_writeback, storage_error, write_all
 
 log = logging.getLogger(__name__)
 
@@ -183,14 +183,14 @@ class Receiver:
         self._active = 0
         self._active_lock = threading.Lock()
 
-    def start(self, reuse_port: bool = False) -> None:
-        """Open the port; refuse to start with a hint if it cannot be bound.
+    def start(self) -> None:
+        """Listen in this process; refuse to start with a hint if the port cannot be bound.
 
-        With ``reuse_port`` several receiver processes listen on the same port and the
-        kernel spreads associations over them (SO_REUSEPORT).
+        The daemon uses :class:`~imaging_ai.receive_pool.ReceiverPool` instead, which
+        listens once and hands connections to receiver processes (``serve_socket``).
         """
         try:
-            self._server = _Server(self, reuse_port)
+            self._server = _Server(self)
         except OSError as exc:
             raise StartupError(
                 f"cannot listen for DICOM on {self.config.bind}:{self.config.port}: "
@@ -210,11 +210,10 @@ class Receiver:
 
     def stop(self, grace_s: float = 30.0) -> None:
         """Stop accepting associations; give open ones ``grace_s`` to finish."""
-        if self._server is None:
-            return
-        self._server.shutdown()
-        self._server.server_close()
-        self._server = None
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None
         deadline = time.monotonic() + grace_s
         while self.active_associations() and time.monotonic() < deadline:
             time.sleep(0.05)
@@ -234,6 +233,26 @@ class Receiver:
             context.load_verify_locations(self.config.tls_ca)
             context.verify_mode = ssl.CERT_REQUIRED
         return context
+
+    def serve_socket(
+        self, sock: socket.socket, address: str, tls: ssl.SSLContext | None = None
+    ) -> None:
+        """Set up an accepted TCP connection (TCP_NODELAY, timeout, TLS) and serve it."""
+        # DCMTK writes each PDU header and body separately; without TCP_NODELAY every
+        # response waits for a delayed ACK (~40 ms per image).
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock.settimeout(self.config.network_timeout_s)
+        if tls is not None:
+            try:
+                sock = tls.wrap_socket(sock, server_side=True)
+            except (ssl.SSLError, OSError) as exc:
+                log.warning("TLS handshake with %s failed: %s", address, exc)
+                sock.close()
+                return
+        try:
+            self.serve_connection(sock, address)
+        finally:
+            sock.close()
 
     def serve_connection(self, sock: socket.socket, address: str) -> None:
         """Run one association on an accepted connection (in its own thread)."""
@@ -389,18 +408,21 @@ class IncomingInstance:
         self.syntax = syntax
         self.peer = peer
         self.path: Path | None = None
-        self._file: BinaryIO | None = None
+        self._file: io.FileIO | None = None
         self._error: Exception | None = None
         self._head = bytearray()
         self._header: Dataset | None = None
         self._meta: InstanceMeta | InvalidDataset | None = None
         self._size = 0
+        self._written = 0  # bytes in the file, file meta included
         try:
             sop_class = check_uid(str(command.get("AffectedSOPClassUID", "")), "SOP Class UID")
             sop_uid = check_uid(str(command.get("AffectedSOPInstanceUID", "")), "SOP Instance UID")
             receiver.spool.ensure_space()
             self.path, self._file = receiver.spool.open_temporary()
-            self._file.write(dul.part10_header(sop_class, sop_uid, syntax, peer.calling_ae))
+            header = dul.part10_header(sop_class, sop_uid, syntax, peer.calling_ae)
+            write_all(self._file, header)
+            self._written = len(header)
         except (InvalidDataset, StorageError) as exc:
             self._fail(exc)
         except OSError as exc:
@@ -411,11 +433,13 @@ class IncomingInstance:
         if self._file is None:
             return  # already refused: the rest of the data set is read and dropped
         try:
-            self._file.write(data)
+            write_all(self._file, data)
+            start_writeback(self._file.fileno(), self._written, len(data))
         except OSError as exc:
             self._fail(storage_error(exc, "a received instance"))
             return
         self._size += len(data)
+        self._written += len(data)
         if self._header is None and len(self._head) < HEAD_BYTES:
             self._head += data
             self._header = read_header(self._head, self.syntax)
@@ -432,7 +456,6 @@ class IncomingInstance:
         if self._file is None or self.path is None:
             return self.receiver.refuse(self._error or StorageError("nothing was received"))
         try:
-            self._file.flush()
             os.fdatasync(self._file.fileno())
         except OSError as exc:
             self._fail(storage_error(exc, "a received instance"))
@@ -501,37 +524,42 @@ class _Server(socketserver.ThreadingTCPServer):
     allow_reuse_address = True
     request_queue_size = 64
 
-    def __init__(self, receiver: Receiver, reuse_port: bool) -> None:
+    def __init__(self, receiver: Receiver) -> None:
         self.receiver = receiver
-        self.reuse_port = reuse_port
         self.tls = receiver.ssl_context()
         if ":" in receiver.config.bind:
             self.address_family = socket.AF_INET6
         super().__init__((receiver.config.bind, receiver.config.port), _Handler)
-
-    def server_bind(self) -> None:
-        if self.reuse_port:
-            # Several receiver processes share the port; the kernel spreads associations.
-            self.socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-        super().server_bind()
 
 
 class _Handler(socketserver.BaseRequestHandler):
     def handle(self) -> None:
         server = self.server
         assert isinstance(server, _Server)
-        sock: socket.socket = self.request
-        # DCMTK writes each PDU header and body separately; without TCP_NODELAY every
-        # response waits for a delayed ACK (~40 ms per image).
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        sock.settimeout(server.receiver.config.network_timeout_s)
-        if server.tls is not None:
-            try:
-                sock = server.tls.wrap_socket(sock, server_side=True)
-            except (ssl.SSLError, OSError) as exc:
-                log.warning("TLS handshake with %s failed: %s", self.client_address[0], exc)
-                return
-        server.receiver.serve_connection(sock, str(self.client_address[0]))
+        server.receiver.serve_socket(self.request, str(self.client_address[0]), server.tls)
+
+
+def open_listener(config: DicomConfig, backlog: int = 64) -> socket.socket:
+    """The listening DICOM socket, for a process that hands connections to receivers.
+
+    Raises
+    ------
+    StartupError
+        The address cannot be bound, with a hint.
+    """
+    family = socket.AF_INET6 if ":" in config.bind else socket.AF_INET
+    listener = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind((config.bind, config.port))
+        listener.listen(backlog)
+    except OSError as exc:
+        listener.close()
+        raise StartupError(
+            f"cannot listen for DICOM on {config.bind}:{config.port}: "
+            f"{exc.strerror}; change dicom.port or stop the other program"
+        ) from exc
+    return listener
 
 
 def _check_pixel_data_complete(ds: Dataset, size: int) -> None:

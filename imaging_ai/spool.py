@@ -2,18 +2,20 @@
 
 from __future__ import annotations
 
+import ctypes
 import errno
+import io
 import logging
 import os
 import re
 import shutil
+import sys
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
 
 from imaging_ai.errors import InvalidDataset, OutOfResources, StorageError
 
@@ -21,6 +23,41 @@ log = logging.getLogger(__name__)
 
 _UID_RE = re.compile(r"^[0-9]+(\.[0-9]+)*$")
 _FREE_CHECK_INTERVAL_S = 0.5
+_SYNC_FILE_RANGE_WRITE = 2  # linux/fs.h: start writeback of dirty pages, do not wait
+
+
+def _load_sync_file_range() -> Callable[[int, int, int, int], int] | None:
+    if sys.platform != "linux":
+        return None
+    try:
+        function = ctypes.CDLL(None, use_errno=True).sync_file_range
+    except (OSError, AttributeError):
+        return None
+    function.argtypes = [ctypes.c_int, ctypes.c_longlong, ctypes.c_longlong, ctypes.c_uint]
+    function.restype = ctypes.c_int
+    return function
+
+
+_sync_file_range = _load_sync_file_range()
+
+
+def write_all(file: io.FileIO, data: bytes | bytearray | memoryview) -> None:
+    """Write all of ``data`` to an unbuffered file (a raw write may take only part)."""
+    view = memoryview(data)
+    while view:
+        view = view[file.write(view) or 0 :]
+
+
+def start_writeback(fd: int, offset: int, length: int) -> None:
+    """Ask the kernel to start writing a just-written range to disk, without waiting.
+
+    Python has no binding for Linux's sync_file_range(2), hence ctypes. Data written while
+    the rest of an instance is still arriving is then mostly on disk when the final
+    fdatasync comes, which leaves that call little more than the metadata to wait for.
+    A no-op where the call does not exist; fdatasync alone still makes the data durable.
+    """
+    if _sync_file_range is not None:
+        _sync_file_range(fd, offset, length, _SYNC_FILE_RANGE_WRITE)
 
 
 def check_uid(uid: str, what: str) -> str:
@@ -93,7 +130,7 @@ class Spool:
                 f"{self.min_free_bytes // 2**20} MB required at {self.root}"
             )
 
-    def open_temporary(self) -> tuple[Path, BinaryIO]:
+    def open_temporary(self) -> tuple[Path, io.FileIO]:
         """A new file in ``tmp_dir`` for an instance still arriving; ``adopt`` takes it later.
 
         Raises
@@ -103,7 +140,8 @@ class Spool:
         """
         path = self.tmp_dir / f"{uuid.uuid4().hex}.part"
         try:
-            return path, open(path, "xb")
+            # Unbuffered: each fragment goes to the kernel at once (see start_writeback).
+            return path, io.FileIO(path, "xb")
         except OSError as exc:
             raise storage_error(exc, path.name) from exc
 
