@@ -9,7 +9,7 @@ from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 import pydicom
-from sqlalchemy import Engine, bindparam, select, update
+from sqlalchemy import Engine, bindparam, delete, select, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.exc import IntegrityError
@@ -135,6 +135,15 @@ class Catalog:
                 },
             )
         return late
+
+    def forget(self, sop_uid: str, received_at: datetime) -> None:
+        """Delete an instance's row recorded at ``received_at`` whose file never landed."""
+        with self.engine.begin() as conn:
+            conn.execute(
+                delete(Instance).where(
+                    Instance.sop_instance_uid == sop_uid, Instance.received_at == received_at
+                )
+            )
 
     def _ensure_rows(self, meta: InstanceMeta, at: datetime) -> tuple[int, int]:
         with self._ids_lock:

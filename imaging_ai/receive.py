@@ -12,6 +12,7 @@ import ssl
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -180,6 +181,7 @@ class Receiver:
         self.max_pdu = config.max_pdu
         self.contexts = supported_contexts()
         self._server: _Server | None = None
+        self._adopter = ThreadPoolExecutor(config.max_associations, "dicom-adopt")
         self._active = 0
         self._active_lock = threading.Lock()
 
@@ -217,6 +219,7 @@ class Receiver:
         deadline = time.monotonic() + grace_s
         while self.active_associations() and time.monotonic() < deadline:
             time.sleep(0.05)
+        self._adopter.shutdown(wait=True)
 
     def active_associations(self) -> int:
         """Number of associations open now in this process."""
@@ -355,12 +358,30 @@ class Receiver:
             meta = header.meta
         if meta.sop_class_uid != str(command.get("AffectedSOPClassUID", "")):
             raise SOPClassMismatch("dataset SOP Class UID differs from the C-STORE request")
-        spooled = self.spool.adopt(path, meta.study_uid, meta.series_uid, meta.sop_uid, synced)
+        relative = self.spool.relative_path(meta.study_uid, meta.series_uid, meta.sop_uid)
+        replacing = self.spool.exists(relative)
+        size = path.stat().st_size
+        # The rename into the spool and its directory fsync run beside the row's
+        # transaction; the answer waits for both. A row whose file then fails to land is
+        # deleted again (a replaced instance keeps its row: its earlier file is untouched).
+        adopting = self._adopter.submit(
+            self.spool.adopt, path, meta.study_uid, meta.series_uid, meta.sop_uid, synced
+        )
         at = datetime.now(UTC)
-        late = self.catalog.record(meta, spooled.relative, spooled.size_bytes, at)
+        try:
+            late = self.catalog.record(meta, relative, size, at)
+        except Exception:
+            wait([adopting])  # the file may land without a row: a resend or reconcile adds it
+            raise
+        try:
+            adopting.result()
+        except Exception:
+            if not replacing:
+                self.catalog.forget(meta.sop_uid, at)
+            raise
         if late:
             log.warning("late instance kept and flagged for an already completed study")
-        return StoredInstance(meta, spooled.relative, spooled.size_bytes, late, at)
+        return StoredInstance(meta, relative, size, late, at)
 
     @staticmethod
     def _read_file(path: Path) -> Dataset:

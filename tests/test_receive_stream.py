@@ -25,6 +25,7 @@ from imaging_ai import dul
 from imaging_ai.association import Peer
 from imaging_ai.db.models import Instance
 from imaging_ai.db.session import make_engine, upgrade
+from imaging_ai.errors import OutOfResources
 from imaging_ai.receive import HEAD_BYTES, Receiver, read_header
 from tests.dicom_factory import ct_series
 from tests.test_receive import CALLED, start_receiver
@@ -188,3 +189,43 @@ def test_implicit_vr_over_the_network_keeps_the_pixels(
     assert stored.file_meta.TransferSyntaxUID == ImplicitVRLittleEndian
     assert stored.file_meta.SourceApplicationEntityTitle == "PACS"
     assert np.array_equal(stored.pixel_array, ds.pixel_array)
+
+
+def test_a_file_that_fails_to_land_leaves_no_row(
+    receiver: Receiver, sqlite_engine: Engine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ds = pydicom.dcmread(ct_series(tmp_path / "src", slices=1)[0])
+
+    def disk_full(*args: object, **kwargs: object) -> None:
+        raise OutOfResources("disk full while writing a received instance")
+
+    monkeypatch.setattr(receiver.spool, "adopt", disk_full)
+    incoming = receiver.begin_store(command_for(ds), ExplicitVRLittleEndian, PEER)
+    incoming.write(memoryview(encoded(ds)))
+    status = incoming.finish()
+    assert status.Status == 0xA700
+    with Session(sqlite_engine) as s:
+        assert s.scalars(select(Instance)).all() == []
+    assert list(receiver.spool.tmp_dir.iterdir()) == []
+
+
+def test_a_replacement_that_fails_to_land_keeps_the_earlier_copy(
+    receiver: Receiver, sqlite_engine: Engine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ds = pydicom.dcmread(ct_series(tmp_path / "src", slices=1)[0])
+    first = receiver.begin_store(command_for(ds), ExplicitVRLittleEndian, PEER)
+    first.write(memoryview(encoded(ds)))
+    assert first.finish().Status == 0x0000
+
+    def disk_full(*args: object, **kwargs: object) -> None:
+        raise OutOfResources("disk full while writing a received instance")
+
+    monkeypatch.setattr(receiver.spool, "adopt", disk_full)
+    ds.InstanceNumber = 77
+    second = receiver.begin_store(command_for(ds), ExplicitVRLittleEndian, PEER)
+    second.write(memoryview(encoded(ds)))
+    assert second.finish().Status == 0xA700
+    with Session(sqlite_engine) as s:
+        row = s.scalars(select(Instance)).one()
+    kept = pydicom.dcmread(receiver.spool.root / row.path)
+    assert kept.InstanceNumber != 77
