@@ -20,7 +20,7 @@ from imaging_ai.analyse import LoadedModel, Models, discover_cards
 from imaging_ai.assemble import RANKS
 from imaging_ai.batch import Batcher, BatchingConfig, BatchingEngine
 from imaging_ai.config import EnginesConfig
-from imaging_ai.errors import ConfigError
+from imaging_ai.errors import ConfigError, EngineError, StartupError
 from imaging_ai.modelcard import ModelCard
 from imaging_ai.schedule import Claim
 from imaging_ai.workers import PoolConfig, WorkerPool, WorkerSpec
@@ -73,10 +73,20 @@ class EngineSet:
         self._lock = threading.Lock()
 
     def start(self) -> None:
-        """Start the workers (engines loaded and warmed) and the batchers."""
+        """Start the workers (engines loaded and warmed), then the batchers and their arenas.
+
+        Raises
+        ------
+        StartupError
+            A worker could not load the models, or shared memory cannot hold the arenas.
+        """
         self.pool.start()
-        for batcher in self.batchers.values():
-            batcher.start()
+        try:
+            for batcher in self.batchers.values():
+                batcher.start()
+        except EngineError as exc:
+            self.stop()
+            raise StartupError(str(exc)) from exc
 
     @property
     def backend(self) -> str:

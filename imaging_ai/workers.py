@@ -2,11 +2,10 @@
 
 Each worker process sees one GPU (as device 0, through CUDA_VISIBLE_DEVICES), loads every model
 there and runs the batches it is sent, one at a time; on a host without a GPU the same code runs
-`PoolConfig.cpu_workers` CPU workers. Inputs and outputs cross in `multiprocessing.shared_memory`
-buffers that the parent owns, one input/output pair per batch in flight on a worker, reused: only
-a ~200-byte task message is pickled per batch. The parent stacks a batch's slices straight into
-the input buffer (one copy) and the batcher copies outputs straight out of the output buffer into
-each study (one copy).
+`PoolConfig.cpu_workers` CPU workers. A batch is slot numbers of its model's shared-memory arena
+(`imaging_ai.arena`): a worker maps each arena once (and on a GPU page-locks it), reads the
+batch's inputs straight from its slots and writes the outputs into them, so only a small task
+message is pickled per batch and the daemon process copies no pixel on the way.
 
 Batches go to the least-loaded worker, and `reserve` grants a batch only while a worker has fewer
 than `PoolConfig.depth` batches in flight, most urgent batcher first. A watchdog thread reads the
@@ -22,7 +21,6 @@ import ctypes
 import heapq
 import itertools
 import logging
-import math
 import multiprocessing
 import os
 import signal
@@ -34,15 +32,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from multiprocessing.connection import Connection, wait
 from multiprocessing.process import BaseProcess
-from multiprocessing.shared_memory import SharedMemory
 from pathlib import Path
 
-import numpy as np
-
 from imaging_ai import faults
+from imaging_ai.arena import ArenaRef, SliceArena, SlotBatch
 from imaging_ai.batch import BatchCallback, Priority
 from imaging_ai.errors import EngineError, StartupError
-from imaging_ai.infer.base import BackendInfo, Engine, FloatArray, sample_batch
+from imaging_ai.infer.base import BackendInfo, Engine, infer_into, sample_batch
+from imaging_ai.infer.cuda_mem import CudaRuntime
 from imaging_ai.infer.fake import FixedLatencyBackend
 from imaging_ai.modelcard import ModelCard, load_model_card
 
@@ -52,7 +49,6 @@ EngineFactory = Callable[[ModelCard, str], Engine]
 _PARENT_POLL_S = 0.5
 _TICK_S = 0.1
 _PR_SET_PDEATHSIG = 1
-_MIB = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -61,7 +57,9 @@ class WorkerSpec:
 
     `backend` is a `make_backend` setting, or (tests) `fake:latency=S,per_slice=S,max_batch=N`
     for a FixedLatencyBackend. `factory`, a picklable callable (card, device) -> Engine, replaces
-    both (tests). A CPU worker runs `onnxruntime-cpu` whatever the setting.
+    both (tests). A CPU worker runs `onnxruntime-cpu` whatever the setting. `cuda_graphs` turns
+    ONNX Runtime's CUDA graphs on where the GPU default (`infer.ort.GPU_CUDA_GRAPHS`) has them
+    off (benchmarks).
     """
 
     model_dirs: tuple[Path, ...]
@@ -71,6 +69,7 @@ class WorkerSpec:
     precision: str = "fp16"
     max_batch_size: int = 32
     factory: EngineFactory | None = None
+    cuda_graphs: bool = False
 
 
 @dataclass(frozen=True)
@@ -105,6 +104,7 @@ class WorkerStatus:
     batches_done: int
     batch_sizes: tuple[tuple[int, int], ...]
     busy_fraction: float
+    busy_s: float
     fallbacks: int
     restarts: int
     in_flight: int
@@ -113,14 +113,12 @@ class WorkerStatus:
 
 @dataclass(frozen=True)
 class _Task:
-    """Parent to worker: run `input_shape` floats in `input_shm`, write into `output_shm`."""
+    """Parent to worker: run the inputs in these arena slots; write the outputs into them."""
 
     job: int
     model: str
-    slot: int
-    input_shape: tuple[int, ...]
-    input_shm: str
-    output_shm: str
+    arena: ArenaRef
+    slots: tuple[int, ...]
 
 
 @dataclass(frozen=True)
@@ -133,10 +131,9 @@ class _Ready:
 
 @dataclass(frozen=True)
 class _Done:
-    """Worker to parent: the outputs are in the slot's output buffer."""
+    """Worker to parent: the outputs are in the batch's output slots."""
 
     job: int
-    output_shape: tuple[int, ...]
     seconds: float
     fallbacks: int
 
@@ -209,6 +206,7 @@ def _load_engines(spec: WorkerSpec, device: str) -> tuple[dict[str, Engine], dic
     # The same options as `analyse.load_models`, so a worker runs what `imaging-ai infer` runs.
     cpu = OrtOptions(intra_op_threads=spec.cpu_threads, max_batch_size=spec.max_batch_size)
     gpu = replace(cpu, precision="fp16" if spec.precision == "fp16" else "fp32")
+    gpu = replace(gpu, cuda_graph=spec.cuda_graphs)
     setting = "onnxruntime-cpu" if device == "cpu" else spec.backend
     backend = make_backend(setting, spec.data_dir, ort_cpu=cpu, ort_gpu=gpu)
     return {n: load_engine(backend, c, cpu=cpu) for n, c in cards.items()}, cards
@@ -237,7 +235,8 @@ def _worker_main(
 
 
 def _serve(conn: Connection, engines: dict[str, Engine], parent_pid: int) -> None:
-    attached: dict[int, tuple[SharedMemory, SharedMemory]] = {}
+    on_gpu = any(e.info.device.startswith("cuda") for e in engines.values())
+    arenas = _Arenas(page_lock=on_gpu)
     try:
         while os.getppid() == parent_pid:
             if not conn.poll(_PARENT_POLL_S):
@@ -245,112 +244,78 @@ def _serve(conn: Connection, engines: dict[str, Engine], parent_pid: int) -> Non
             task = conn.recv()
             if task is None:
                 return
-            conn.send(_run_task(task, engines, _attach(attached, task)))
+            conn.send(_run_task(task, engines, arenas))
     except (EOFError, OSError):  # the parent is gone
         return
     finally:
-        for shms in attached.values():
-            _close(*shms)
+        arenas.close()
         for engine in engines.values():
             engine.close()
 
 
-def _attach(
-    attached: dict[int, tuple[SharedMemory, SharedMemory]], task: _Task
-) -> tuple[SharedMemory, SharedMemory]:
-    """The task's slot buffers; a slot the parent grew has new names, so reattach."""
-    old = attached.get(task.slot)
-    if old is not None and (old[0].name, old[1].name) == (task.input_shm, task.output_shm):
-        return old
-    if old is not None:
-        _close(*old)
-    attached[task.slot] = (SharedMemory(task.input_shm), SharedMemory(task.output_shm))
-    return attached[task.slot]
+class _Arenas:
+    """The arenas this worker has mapped, by name; on a GPU each is page-locked once, so
+    the engines' copies to and from the GPU are DMA straight from and into the slots."""
+
+    def __init__(self, page_lock: bool) -> None:
+        self._mapped: dict[str, SliceArena] = {}
+        self._page_lock = page_lock
+        self._locked: list[int] = []
+        self._cuda: CudaRuntime | None = None
+
+    def get(self, ref: ArenaRef) -> SliceArena:
+        arena = self._mapped.get(ref.input_name)
+        if arena is None:
+            arena = self._mapped[ref.input_name] = SliceArena.attach(ref)
+            if self._page_lock:
+                self._lock(arena)
+        return arena
+
+    def _lock(self, arena: SliceArena) -> None:
+        try:
+            self._cuda = self._cuda or CudaRuntime()
+            for view in (arena.inputs, arena.outputs):
+                self._cuda.host_register(view.ctypes.data, view.nbytes)
+                self._locked.append(view.ctypes.data)
+        except EngineError as exc:  # copies still work from pageable memory, only slower
+            log.warning("shared slots not page-locked (%s); GPU copies will be staged", exc)
+            self._page_lock = False
+
+    def close(self) -> None:
+        for address in self._locked:
+            with contextlib.suppress(EngineError):
+                assert self._cuda is not None
+                self._cuda.host_unregister(address)
+        for arena in self._mapped.values():
+            arena.close()
+        self._mapped.clear()
 
 
-def _run_task(
-    task: _Task, engines: dict[str, Engine], shms: tuple[SharedMemory, SharedMemory]
-) -> _Done | _Failed:
+def _run_task(task: _Task, engines: dict[str, Engine], arenas: _Arenas) -> _Done | _Failed:
     started = time.perf_counter()
     try:
-        x = np.ndarray(task.input_shape, np.float32, shms[0].buf)
-        y = engines[task.model].infer(x)
-        del x
-        if y.nbytes > shms[1].size:
-            raise ValueError(f"output {y.shape} is larger than its buffer ({shms[1].size} B)")
-        np.ndarray(y.shape, np.float32, shms[1].buf)[...] = y
+        pieces = arenas.get(task.arena).pieces(task.slots)
+        infer_into(engines[task.model], [x for x, _ in pieces], [y for _, y in pieces])
     except Exception as exc:  # the parent decides: retry elsewhere, or fail the batch's studies
         reason = f"{type(exc).__name__}: {exc}"
         return _Failed(task.job, reason, retry=isinstance(exc, EngineError | MemoryError))
     fallbacks = sum(e.info.fallbacks for e in engines.values())
-    return _Done(task.job, tuple(y.shape), time.perf_counter() - started, fallbacks)
-
-
-def _close(*shms: SharedMemory) -> None:
-    for shm in shms:
-        with contextlib.suppress(BufferError):  # a view still alive: the mapping goes with it
-            shm.close()
+    return _Done(task.job, time.perf_counter() - started, fallbacks)
 
 
 # ---- the parent side -----------------------------------------------------------------------
 
 
-class _Slots:
-    """One worker's shared-memory buffers: an input/output pair per batch in flight, reused."""
-
-    def __init__(self) -> None:
-        self._pairs: list[list[SharedMemory | None]] = []
-        self._free: list[int] = []
-
-    def acquire(self, in_bytes: int, out_bytes: int) -> tuple[int, SharedMemory, SharedMemory]:
-        """A free slot whose buffers hold the given sizes (grown, with new names, if needed)."""
-        if not self._free:
-            self._pairs.append([None, None])
-            self._free.append(len(self._pairs) - 1)
-        index = self._free.pop()
-        pair = self._pairs[index]
-        for k, need in enumerate((in_bytes, out_bytes)):
-            shm = pair[k]
-            if shm is None or shm.size < need:
-                if shm is not None:
-                    _close(shm)
-                    shm.unlink()
-                pair[k] = SharedMemory(create=True, size=max(_MIB, math.ceil(need / _MIB) * _MIB))
-        x, y = pair
-        assert x is not None and y is not None
-        return index, x, y
-
-    def output(self, index: int) -> SharedMemory:
-        """The output buffer of a slot in use."""
-        shm = self._pairs[index][1]
-        assert shm is not None
-        return shm
-
-    def release(self, index: int) -> None:
-        """Put a slot back for the next batch."""
-        self._free.append(index)
-
-    def close(self) -> None:
-        """Unmap and remove every buffer."""
-        for pair in self._pairs:
-            for shm in pair:
-                if shm is not None:
-                    _close(shm)
-                    shm.unlink()
-        self._pairs.clear()
-
-
 @dataclass(eq=False)
 class _Job:
-    """A batch on its way: its slices (views into the studies' arrays, kept for retries)."""
+    """A batch on its way: its arena slots (which hold its inputs until it is done)."""
 
     id: int
     model: str
-    slices: Sequence[FloatArray]
+    batch: SlotBatch
     done: BatchCallback
     attempts: int = 0
     avoid: int | None = None
-    slot: int = -1
 
 
 @dataclass(eq=False)
@@ -364,7 +329,6 @@ class _Worker:
     state: str = "starting"
     error: str = ""
     inflight: dict[int, _Job] = field(default_factory=dict)
-    slots: _Slots = field(default_factory=_Slots)
     infos: dict[str, BackendInfo] = field(default_factory=dict)
     progress_at: float = 0.0
     batches_done: int = 0
@@ -457,7 +421,6 @@ class WorkerPool:
         for w in self._workers:  # after the watchdog: it may still be waiting on these pipes
             if w.conn is not None:
                 w.conn.close()
-            w.slots.close()
 
     def _end_workers(self) -> None:
         with self._cond:
@@ -506,6 +469,18 @@ class WorkerPool:
             raise ValueError(f"no model {model!r} in the worker pool (it has: {known})")
         return self._cards[model].input_shape
 
+    def output_shape(self, model: str) -> tuple[int, ...]:
+        """(K, h, w) of one output slice of `model`, as the workers found it at start."""
+        self.input_shape(model)  # refuses an unknown model
+        with self._cond:
+            if model not in self._out_shapes:
+                raise EngineError(f"{model}: output shape unknown until the workers are up")
+            return self._out_shapes[model]
+
+    def batch_capacity(self) -> int:
+        """Batches that can be reserved or running at once: `depth` per worker."""
+        return self.config.depth * max(1, len(self._workers))
+
     def reserve(self, priority: Priority, timeout_s: float) -> bool:
         """Wait until a worker has room and no more urgent batcher waits; hold that room.
 
@@ -544,11 +519,11 @@ class WorkerPool:
             self._reserved = max(0, self._reserved - 1)
             self._cond.notify_all()
 
-    def submit(self, model: str, slices: Sequence[FloatArray], done: BatchCallback) -> None:
-        """Run `slices` as one batch on the least-loaded worker; uses one reservation.
+    def submit(self, model: str, batch: SlotBatch, done: BatchCallback) -> None:
+        """Run `batch` on the least-loaded worker; uses one reservation.
 
-        `done` is called once, from the watchdog thread, with the outputs (a view of a shared
-        buffer, valid only during the call) or with EngineError once every attempt failed.
+        `done` is called once, from the watchdog thread: with None once the outputs are in the
+        batch's output slots, or with EngineError once every attempt failed.
 
         Raises
         ------
@@ -556,7 +531,7 @@ class WorkerPool:
             The pool is not running, or no worker is left.
         """
         self.input_shape(model)  # refuses an unknown model
-        job = _Job(next(self._ids), model, list(slices), done)
+        job = _Job(next(self._ids), model, batch, done)
         with self._cond:
             self._reserved = max(0, self._reserved - 1)
             if self._phase != "running":
@@ -597,6 +572,7 @@ class WorkerPool:
             batches_done=w.batches_done,
             batch_sizes=tuple(sorted(w.sizes.items())),
             busy_fraction=min(1.0, w.busy_s / elapsed),
+            busy_s=w.busy_s,
             fallbacks=w.fallbacks,
             restarts=w.restarts,
             in_flight=len(w.inflight),
@@ -619,18 +595,14 @@ class WorkerPool:
             self._send(self._workers[index], self._backlog.popleft())
 
     def _send(self, w: _Worker, job: _Job) -> None:
-        n = len(job.slices)
-        in_shape = (n, *self._cards[job.model].input_shape)
-        out_bytes = 4 * n * math.prod(self._out_shapes[job.model])
-        job.slot, x_shm, y_shm = w.slots.acquire(4 * math.prod(in_shape), out_bytes)
-        np.stack(job.slices, out=np.ndarray(in_shape, np.float32, x_shm.buf))
         job.attempts += 1
         if not w.inflight:
             w.progress_at = time.monotonic()
         w.inflight[job.id] = job
         assert w.conn is not None
+        task = _Task(job.id, job.model, job.batch.arena.ref, job.batch.slots)
         with contextlib.suppress(OSError):  # a dead worker: the watchdog retries its batches
-            w.conn.send(_Task(job.id, job.model, job.slot, in_shape, x_shm.name, y_shm.name))
+            w.conn.send(task)
         faults.reach("in:batch")
 
     # -- the watchdog thread
@@ -719,17 +691,12 @@ class WorkerPool:
             if job is None:
                 return
             w.batches_done, w.busy_s = w.batches_done + 1, w.busy_s + message.seconds
-            w.sizes[len(job.slices)] += 1
+            w.sizes[len(job.batch)] += 1
             w.fallbacks = w.fallbacks_before + message.fallbacks
             w.crashes_in_row, w.progress_at = 0, time.monotonic()
-            shm = w.slots.output(job.slot)
-        view = np.ndarray(message.output_shape, np.float32, shm.buf)
-        _call(job, view)
-        del view
-        with self._cond:
-            w.slots.release(job.slot)  # only now: the callback read the buffer
-            self._pump()
+            self._pump()  # the worker's next batch first; the callback only queues copies
             self._cond.notify_all()
+        _call(job, None)
 
     def _on_failed(self, w: _Worker, message: _Failed) -> None:
         if message.job is None:
@@ -739,7 +706,6 @@ class WorkerPool:
             job = w.inflight.pop(message.job, None)
             if job is None:
                 return
-            w.slots.release(job.slot)
             log.warning("batch of %s failed on %s: %s", job.model, w.device, message.reason)
             failed = not message.retry or not self._retry(job, w)
             self._pump()
@@ -766,8 +732,6 @@ class WorkerPool:
                 return
             jobs = list(w.inflight.values())
             w.inflight.clear()
-            for job in jobs:
-                w.slots.release(job.slot)
             code = proc.exitcode
             log.error(
                 "inference worker %s exited (code %s) with %d batch(es) in flight %s",
@@ -823,7 +787,7 @@ class WorkerPool:
                     w.proc.kill()
 
 
-def _call(job: _Job, result: FloatArray | BaseException) -> None:
+def _call(job: _Job, result: BaseException | None) -> None:
     try:
         job.done(result)
     except Exception:  # one study's routing bug must not stop the watchdog

@@ -3,13 +3,18 @@
 
 Run on a GPU machine from the repository root with onnxruntime-gpu on PYTHONPATH:
 
-    python3 scripts/device_multi_gpu.py --studies 16 --slices 300
+    python3 scripts/device_multi_gpu.py --studies 96 --clients 16 --slices 300 --batch 64
 
-It uses the daemon's own pieces: `WorkerPool` (one worker process per GPU, ONNX Runtime CUDA,
-FP16, shared-memory batches, two batches deep) and one `Batcher` per shipped model; each study
-is a thread that sends its preprocessed slices through both models with `BatchingEngine`, as the
-processor does. Reported: slices/s through both models (a slice counts once per model), the
-scaling from one GPU to two, and each worker's busy fraction.
+It uses the daemon's own pieces: `WorkerPool` (one worker process per GPU, ONNX Runtime CUDA as
+the daemon configures it, batches as slots of shared-memory arenas, two batches deep) and one
+`Batcher` per shipped model. `--clients` threads each take studies off a list and send their
+preprocessed slices through both models with `BatchingEngine`, as the processor does. Each pool
+first runs a short warm-up load (arenas mapped and page-locked, kernels chosen), then the timed
+load. Reported per run: slices/s through both models (a slice counts once per model), the
+scaling from one GPU to two, each worker's busy fraction over the timed window (time inside
+its batches), each GPU's utilisation from `nvidia-smi` sampled every 100 ms (time a kernel was
+running), and the daemon process's CPU use, to show where the limit is. With
+`--backend onnxruntime-cpu` (and `--gpus 1 2` meaning CPU workers) it is a dry run anywhere.
 """
 
 from __future__ import annotations
@@ -17,9 +22,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
+import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -29,88 +38,217 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from imaging_ai.batch import Batcher, BatchingConfig, BatchingEngine  # noqa: E402
-from imaging_ai.modelcard import load_model_card  # noqa: E402
+from imaging_ai.modelcard import ModelCard, load_model_card  # noqa: E402
 from imaging_ai.workers import PoolConfig, WorkerPool, WorkerSpec  # noqa: E402
 
+INPUT_SETS = 4  # distinct inputs, so the parent's copies do not run from the CPU cache
 
-def run_load(gpus: int, studies: int, slices: int, batch: int, backend: str) -> dict[str, Any]:
-    """Every study at once through both models on `gpus` GPUs; slices/s and busy fractions."""
-    cards = [load_model_card(ROOT / "engines" / name) for name in ("lung-seg", "nodule-det")]
-    spec = WorkerSpec(
-        model_dirs=tuple(c.folder for c in cards),
-        backend=backend,
-        data_dir=Path("/tmp/imaging-ai-data"),
-        precision="fp16",
-        max_batch_size=batch,
-    )
-    on_cpu = backend == "onnxruntime-cpu"  # a dry run on a machine without a GPU
-    pool = WorkerPool(spec, PoolConfig(gpus=0 if on_cpu else gpus, cpu_workers=gpus, depth=2))
-    pool.start()
-    knobs = BatchingConfig(
-        max_batch_size=batch, max_queue_delay_ms=2.0, max_pending=4 * batch * gpus
-    )
-    batchers = {c.name: Batcher(c.name, knobs, pool) for c in cards}
-    for b in batchers.values():
-        b.start()
-    inputs = {
-        c.name: np.random.default_rng(0).random(
-            (slices, 1, c.input.height, c.input.width), dtype=np.float32
-        )
-        for c in cards
-    }
 
-    def study(i: int) -> None:
-        for card in cards:
-            BatchingEngine(batchers[card.name], 1, time.time() + i, study=f"s{i}").infer(
-                inputs[card.name]
-            )
+@contextmanager
+def gpu_sampler(out: list[list[float]]) -> Iterator[None]:
+    """Sample each GPU's utilisation (%) every 100 ms with nvidia-smi while the block runs."""
+    cmd = ["nvidia-smi", "--query-gpu=index,utilization.gpu", "--format=csv,noheader,nounits"]
+    try:
+        proc = subprocess.Popen([*cmd, "-lms", "100"], stdout=subprocess.PIPE, text=True)
+    except OSError:
+        yield
+        return
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(proc.stdout or []), daemon=True)
+    reader.start()
+    try:
+        yield
+    finally:
+        proc.terminate()
+        proc.wait(5)
+        reader.join(5)
+    by_gpu: dict[int, list[float]] = {}
+    for line in lines:
+        parts = [p.strip() for p in line.split(",")]
+        if len(parts) == 2 and parts[0].isdigit() and parts[1].replace(".", "").isdigit():
+            by_gpu.setdefault(int(parts[0]), []).append(float(parts[1]))
+    out.extend(by_gpu[k] for k in sorted(by_gpu))
 
-    threads = [threading.Thread(target=study, args=(i,)) for i in range(studies)]
+
+def proc_cpu_s(pid: int) -> float:
+    """User + system CPU seconds of a process so far (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def self_cpu_s() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def run_studies(
+    batchers: dict[str, Batcher],
+    cards: list[ModelCard],
+    inputs: list[dict[str, Any]],
+    studies: int,
+    clients: int,
+) -> tuple[float, float]:
+    """`studies` studies through both models on `clients` threads; (seconds, max spread).
+
+    The spread is the largest |difference| between a study's outputs and those of the first
+    study with the same inputs: batches mix studies differently, so this checks the routing.
+    """
+    todo = list(range(studies))
+    lock = threading.Lock()
+    first: dict[tuple[int, str], Any] = {}
+    spread = [0.0]
+    errors: list[BaseException] = []
+
+    def client() -> None:
+        while True:
+            with lock:
+                if not todo or errors:
+                    return
+                k = todo.pop(0)
+            try:
+                for card in cards:
+                    engine = BatchingEngine(batchers[card.name], 1, time.time() + k, study=f"s{k}")
+                    out = engine.infer(inputs[k % len(inputs)][card.name])
+                    check(k % len(inputs), card.name, out)
+            except BaseException as exc:
+                errors.append(exc)
+                return
+
+    def check(which: int, model: str, out: Any) -> None:
+        if not np.isfinite(out).all():
+            raise RuntimeError(f"{model}: non-finite outputs")
+        with lock:
+            ref = first.setdefault((which, model), out)
+        if ref is not out:
+            spread[0] = max(spread[0], float(np.max(np.abs(out - ref))))
+
+    threads = [threading.Thread(target=client) for _ in range(clients)]
     started = time.perf_counter()
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    seconds = time.perf_counter() - started
-    status = [
-        {
-            "device": w.device,
-            "backend": w.backend,
-            "busy": round(w.busy_fraction, 3),
-            "batches": w.batches_done,
-        }
-        for w in pool.status()
+    if errors:
+        raise errors[0]
+    return time.perf_counter() - started, spread[0]
+
+
+def run_load(gpus: int, args: argparse.Namespace, graphs: bool) -> dict[str, Any]:
+    """Warm up, then the timed load on `gpus` GPUs; figures of the timed window."""
+    cards = [load_model_card(ROOT / "engines" / name) for name in ("lung-seg", "nodule-det")]
+    spec = WorkerSpec(
+        model_dirs=tuple(c.folder for c in cards),
+        backend=args.backend,
+        data_dir=Path("/tmp/imaging-ai-data"),
+        precision="fp16",
+        max_batch_size=args.batch,
+        cuda_graphs=graphs,
+    )
+    on_cpu = args.backend == "onnxruntime-cpu"  # a dry run on a machine without a GPU
+    config = PoolConfig(gpus=0 if on_cpu else gpus, cpu_workers=gpus, depth=args.depth)
+    pool = WorkerPool(spec, config)
+    t0 = time.perf_counter()
+    pool.start()
+    knobs = BatchingConfig(
+        max_batch_size=args.batch, max_queue_delay_ms=2.0, max_pending=args.max_pending
+    )
+    batchers = {c.name: Batcher(c.name, knobs, pool) for c in cards}
+    try:
+        for b in batchers.values():
+            b.start()
+        start_s = time.perf_counter() - t0
+        return timed(pool, batchers, cards, args) | {"gpus": gpus, "start_s": round(start_s, 1)}
+    finally:
+        for b in batchers.values():
+            b.stop()
+        pool.stop()
+
+
+def timed(
+    pool: WorkerPool, batchers: dict[str, Batcher], cards: list[ModelCard], args: argparse.Namespace
+) -> dict[str, Any]:
+    """The warm-up load, then the timed one, with its figures."""
+    rng = np.random.default_rng(len(pool.status()))
+    inputs = [
+        {c.name: rng.random((args.slices, *c.input_shape), dtype=np.float32) for c in cards}
+        for _ in range(INPUT_SETS)
     ]
-    for b in batchers.values():
-        b.stop()
-    pool.stop()
+    run_studies(batchers, cards, inputs, min(args.clients, args.studies), args.clients)
+    before = {w.index: (w.busy_s, w.batches_done, w.pid) for w in pool.status()}
+    cpu0, samples = self_cpu_s(), []
+    worker_cpu0 = {i: proc_cpu_s(p[2]) for i, p in before.items() if p[2]}
+    with gpu_sampler(samples):
+        seconds, spread = run_studies(batchers, cards, inputs, args.studies, args.clients)
+    parent_cpu = (self_cpu_s() - cpu0) / seconds
+    workers = []
+    for w in pool.status():
+        busy0, batches0, pid = before[w.index]
+        cpu = (proc_cpu_s(pid) - worker_cpu0[w.index]) / seconds if pid else float("nan")
+        workers.append(
+            {
+                "device": w.device,
+                "backend": w.backend,
+                "busy": round((w.busy_s - busy0) / seconds, 3),
+                "batches": w.batches_done - batches0,
+                "batch_sizes": w.batch_sizes,
+                "cpu_cores": round(cpu, 2),
+            }
+        )
     return {
-        "gpus": gpus,
+        "cuda_graphs": pool.spec.cuda_graphs,
+        "batch": args.batch,
+        "studies": args.studies,
+        "slices": args.slices,
         "seconds": round(seconds, 3),
-        "slices_per_s": round(studies * slices * len(cards) / seconds, 1),
-        "workers": status,
+        "slices_per_s": round(args.studies * args.slices * len(cards) / seconds, 1),
+        "parent_cpu_cores": round(parent_cpu, 2),
+        "gpu_util": [round(float(np.mean(s)) / 100, 3) for s in samples],
+        "gpu_util_samples": [len(s) for s in samples],
+        "max_spread": spread,
+        "workers": workers,
     }
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    parser.add_argument("--studies", type=int, default=16)
+    parser.add_argument("--studies", type=int, default=96)
+    parser.add_argument("--clients", type=int, default=16, help="studies in flight at once")
     parser.add_argument("--slices", type=int, default=300)
     parser.add_argument("--batch", type=int, default=64)
+    parser.add_argument("--depth", type=int, default=2, help="batches in flight per worker")
+    parser.add_argument("--max-pending", type=int, default=1024)
     parser.add_argument("--gpus", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--graphs", type=int, nargs="+", default=[0], help="0: off, 1: on")
     parser.add_argument("--backend", default="onnxruntime-cuda")
     args = parser.parse_args()
-    rows = [run_load(g, args.studies, args.slices, args.batch, args.backend) for g in args.gpus]
+    rows = []
     out = os.environ.get("OUT")
-    if out:
-        Path(out, "device_multi_gpu.json").write_text(json.dumps(rows, indent=1))
-    print(f"{'GPUs':>4} {'seconds':>8} {'slices/s':>9}  worker busy fractions")
+    for graphs in args.graphs:
+        for g in args.gpus:
+            rows.append(run_load(g, args, bool(graphs)))
+            print(json.dumps(rows[-1]), flush=True)
+            if out:
+                Path(out, "device_multi_gpu.json").write_text(json.dumps(rows, indent=1))
+    print(f"{'graphs':>6} {'GPUs':>4} {'seconds':>8} {'slices/s':>9} {'parent CPU':>10}  workers")
     for r in rows:
-        busy = ", ".join(f"{w['device']} {w['busy']:.0%}" for w in r["workers"])
-        print(f"{r['gpus']:>4} {r['seconds']:>8.2f} {r['slices_per_s']:>9.1f}  {busy}")
-    if len(rows) >= 2:
-        ratio = rows[-1]["slices_per_s"] / rows[0]["slices_per_s"]
-        print(f"headline: {rows[-1]['gpus']} GPUs at {ratio:.2f}x {rows[0]['gpus']} GPU")
+        util = r["gpu_util"] or ["-"] * len(r["workers"])
+        busy = ", ".join(
+            f"{w['device']} busy {w['busy']:.0%} util {u if isinstance(u, str) else f'{u:.0%}'}"
+            for w, u in zip(r["workers"], util, strict=False)
+        )
+        graphs = "on" if r["cuda_graphs"] else "off"
+        print(
+            f"{graphs:>6} {r['gpus']:>4} {r['seconds']:>8.2f} {r['slices_per_s']:>9.1f} "
+            f"{r['parent_cpu_cores']:>10.2f}  {busy}"
+        )
+    for graphs in sorted({r["cuda_graphs"] for r in rows}):
+        same = [r for r in rows if r["cuda_graphs"] == graphs]
+        if len(same) >= 2:
+            ratio = same[-1]["slices_per_s"] / same[0]["slices_per_s"]
+            print(
+                f"headline (graphs {'on' if graphs else 'off'}): {same[-1]['gpus']} GPUs at "
+                f"{ratio:.2f}x {same[0]['gpus']} GPU"
+            )
     return 0
 
 

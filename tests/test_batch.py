@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from imaging_ai.arena import SlotBatch
 from imaging_ai.batch import (
     STUDY_MAX_SLICES,
     BatchCallback,
@@ -57,14 +58,18 @@ def engine(tmp_path: Path) -> FixedLatencyEngine:
     return FixedLatencyBackend(0.0, max_batch_size=64).load(make_tiny(tmp_path).card)
 
 
+OUT_SHAPE = (3, *SHAPE[1:])  # the fake engine's output slice for the tiny model
+
+
 @dataclass
 class Sent:
-    """One batch the dispatcher was given."""
+    """One batch the dispatcher was given: its slots, a copy of its inputs, when."""
 
     labels: list[int]
     batch: FloatArray
     done: BatchCallback
     at: float
+    slots: SlotBatch
 
 
 class ManualDispatch:
@@ -79,6 +84,12 @@ class ManualDispatch:
     def input_shape(self, model: str) -> tuple[int, ...]:
         return SHAPE
 
+    def output_shape(self, model: str) -> tuple[int, ...]:
+        return OUT_SHAPE
+
+    def batch_capacity(self) -> int:
+        return 8  # tests grant and hold up to this many batches before completing them
+
     def info(self, model: str) -> BackendInfo:
         return self.engine.info
 
@@ -92,10 +103,10 @@ class ManualDispatch:
     def release(self) -> None:
         self.grant()
 
-    def submit(self, model: str, slices: Sequence[FloatArray], done: BatchCallback) -> None:
-        batch = np.stack(slices)
+    def submit(self, model: str, slots: SlotBatch, done: BatchCallback) -> None:
+        batch = slots.inputs()
         with self.cond:
-            self.sent.append(Sent(labels(batch), batch, done, time.monotonic()))
+            self.sent.append(Sent(labels(batch), batch, done, time.monotonic(), slots))
             self.cond.notify_all()
 
     def grant(self, batches: int = 1) -> None:
@@ -110,7 +121,9 @@ class ManualDispatch:
 
     def complete(self, index: int, error: BaseException | None = None) -> None:
         sent = self.sent[index]
-        sent.done(error if error is not None else self.engine.infer(sent.batch))
+        if error is None:
+            sent.slots.write_outputs(self.engine.infer(sent.batch))
+        sent.done(error)
 
 
 class ThreadDispatch:
@@ -124,6 +137,12 @@ class ThreadDispatch:
     def input_shape(self, model: str) -> tuple[int, ...]:
         return SHAPE
 
+    def output_shape(self, model: str) -> tuple[int, ...]:
+        return OUT_SHAPE
+
+    def batch_capacity(self) -> int:
+        return 2
+
     def info(self, model: str) -> BackendInfo:
         return self.engine.info
 
@@ -133,10 +152,11 @@ class ThreadDispatch:
     def release(self) -> None:
         self.free.release()
 
-    def submit(self, model: str, slices: Sequence[FloatArray], done: BatchCallback) -> None:
+    def submit(self, model: str, slots: SlotBatch, done: BatchCallback) -> None:
         def run() -> None:
             try:
-                done(self.engine.infer(np.stack(slices)))
+                slots.write_outputs(self.engine.infer(slots.inputs()))
+                done(None)
             finally:
                 self.free.release()
 
@@ -180,10 +200,9 @@ def queue(batcher: Batcher, *studies: tuple[int, int, int, float]) -> list[Study
 
 def test_requests_sort_urgent_first_then_deadline_then_arrival() -> None:
     slot = ResultSlot(1)
-    x = np.zeros(SHAPE, np.float32)
 
     def req(rank: int, deadline: float, ns: int) -> SliceRequest:
-        return SliceRequest(rank, deadline, ns, SliceWork(f"{rank}/{deadline}/{ns}", 0, x, slot))
+        return SliceRequest(rank, deadline, ns, SliceWork(f"{rank}/{deadline}/{ns}", 0, (0,), slot))
 
     requests = [req(1, 50.0, 1), req(1, 10.0, 3), req(0, 99.0, 4), req(1, 10.0, 2)]
     ordered = [r.payload.study for r in sorted(requests)]

@@ -15,7 +15,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from imaging_ai.batch import Batcher, BatchingConfig, BatchingEngine, BatchResult
+from imaging_ai.arena import SliceArena, SlotBatch
+from imaging_ai.batch import Batcher, BatchingConfig, BatchingEngine
 from imaging_ai.errors import EngineError, StartupError
 from imaging_ai.infer.base import BackendInfo, Engine, FloatArray
 from imaging_ai.infer.fake import FixedLatencyBackend, FixedLatencyEngine
@@ -86,16 +87,43 @@ class FaultyEngine:
         self.inner.close()
 
 
-class Results:
-    """Collects batch callbacks by label; the outputs are copied (the buffer is reused)."""
+BatchResult = FloatArray | BaseException
+ARENAS: list[SliceArena] = []
 
-    def __init__(self) -> None:
+
+@pytest.fixture(autouse=True)
+def close_arenas() -> Iterator[None]:
+    """Remove the shared memory of the arenas a test made."""
+    yield
+    while ARENAS:
+        ARENAS.pop().close()
+
+
+class Results:
+    """Sends batches through an arena of its own, as a batcher does; collects their outputs."""
+
+    def __init__(self, pool: WorkerPool) -> None:
+        self.pool = pool
+        self.arena = SliceArena.create(64, SHAPE, pool.output_shape("tiny"))
+        ARENAS.append(self.arena)
         self.cond = threading.Condition()
         self.got: dict[str, BatchResult] = {}
 
-    def callback(self, label: str) -> Callable[[BatchResult], None]:
-        def done(result: BatchResult) -> None:
-            kept = result if isinstance(result, BaseException) else np.array(result)
+    def batch(self, slices: Sequence[FloatArray]) -> SlotBatch:
+        """The slices copied into free slots."""
+        slots = tuple(int(s) for s in self.arena.allocate(len(slices)))
+        for slot, x in zip(slots, slices, strict=True):
+            self.arena.inputs[slot] = x
+        return SlotBatch(self.arena, slots)
+
+    def callback(self, label: str, batch: SlotBatch) -> Callable[[BaseException | None], None]:
+        def done(error: BaseException | None) -> None:
+            kept = (
+                error
+                if error is not None
+                else np.concatenate([y for _, y in batch.arena.pieces(batch.slots)])
+            )
+            self.arena.free(batch.slots)
             with self.cond:
                 self.got[label] = kept
                 self.cond.notify_all()
@@ -145,7 +173,8 @@ def batch(*values: float) -> list[FloatArray]:
 
 def submit(pool: WorkerPool, results: Results, label: str, slices: Sequence[FloatArray]) -> None:
     assert pool.reserve((1, 0.0, 0), timeout_s=10.0)
-    pool.submit("tiny", slices, results.callback(label))
+    batch = results.batch(slices)
+    pool.submit("tiny", batch, results.callback(label, batch))
 
 
 def gone(pid: int) -> bool:
@@ -204,7 +233,7 @@ def test_a_real_onnx_model_runs_in_a_cpu_worker(tiny: TinyModel, pools: list[Wor
     pool = start_pool(tiny, "onnxruntime-cpu")
     pools.append(pool)
     x = tiny.batch(6)
-    results = Results()
+    results = Results(pool)
     submit(pool, results, "x", list(x))
     (out,) = results.wait("x")
     assert isinstance(out, np.ndarray)
@@ -218,7 +247,7 @@ def test_least_loaded_dispatch_and_shallow_queues_across_two_workers(
     gate = tmp_path / "open"
     pool = start_pool(tiny, factory=Faulty("gate", gate), cpu_workers=2, depth=2)
     pools.append(pool)
-    results = Results()
+    results = Results(pool)
     for k in range(4):
         submit(pool, results, str(k), batch(k, k))
     assert [s.in_flight for s in pool.status()] == [2, 2]  # 0 and 2 on one, 1 and 3 on the other
@@ -239,7 +268,7 @@ def test_a_worker_that_crashes_is_restarted_and_its_batch_retried_elsewhere(
     marker.touch()
     pool = start_pool(tiny, factory=Faulty("crash-once", marker), cpu_workers=2)
     pools.append(pool)
-    results = Results()
+    results = Results(pool)
     slices = batch(1.0, TRIGGER, 3.0)
     submit(pool, results, "x", slices)
     (out,) = results.wait("x")
@@ -257,7 +286,7 @@ def test_a_hung_worker_is_killed_restarted_and_the_batch_completes(
     marker.touch()
     pool = start_pool(tiny, factory=Faulty("hang-once", marker), hang_timeout_s=1.0)
     pools.append(pool)
-    results = Results()
+    results = Results(pool)
     submit(pool, results, "x", batch(TRIGGER, 5.0))
     (out,) = results.wait("x")
     assert isinstance(out, np.ndarray) and float(out[1, 0, 0, 0]) == 5.0
@@ -270,7 +299,7 @@ def test_a_gpu_worker_that_keeps_crashing_comes_back_on_the_cpu(
     pool = start_pool(tiny, factory=Faulty("crash-on-gpu", tmp_path), gpus=1, max_restarts=1)
     pools.append(pool)
     assert pool.status()[0].device == "cuda:0"
-    results = Results()
+    results = Results(pool)
     submit(pool, results, "x", batch(TRIGGER, 2.0))
     (out,) = results.wait("x")
     assert isinstance(out, np.ndarray)
@@ -284,7 +313,7 @@ def test_a_batch_that_kills_every_worker_fails_after_max_attempts(
 ) -> None:
     pool = start_pool(tiny, factory=Faulty("crash-always", tmp_path), max_attempts=2)
     pools.append(pool)
-    results = Results()
+    results = Results(pool)
     submit(pool, results, "poison", batch(TRIGGER, 1.0))
     (error,) = results.wait("poison")
     assert isinstance(error, EngineError)
@@ -306,7 +335,7 @@ def test_stop_drains_batches_in_flight_then_leaves_no_process(
     gate = tmp_path / "open"
     pool = start_pool(tiny, factory=Faulty("gate", gate), cpu_workers=2)
     pids = [s.pid for s in pool.status()]
-    results = Results()
+    results = Results(pool)
     submit(pool, results, "a", batch(1.0, 2.0))
     submit(pool, results, "b", batch(3.0, 4.0))
     stopper = threading.Thread(target=pool.stop)
@@ -318,8 +347,9 @@ def test_stop_drains_batches_in_flight_then_leaves_no_process(
     assert all(isinstance(r, np.ndarray) for r in results.wait("a", "b"))
     assert all(pid is not None and gone(pid) for pid in pids)
     assert pool.reserve((0, 0.0, 0), timeout_s=5.0)  # at once: the submit below fails fast
+    late = results.batch(batch(1.0))
     with pytest.raises(EngineError, match="not running"):
-        pool.submit("tiny", batch(1.0), results.callback("late"))
+        pool.submit("tiny", late, results.callback("late", late))
 
 
 PARENT = """

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, Protocol
@@ -190,3 +191,75 @@ def sample_batch(card: ModelCard, n: int, seed: int = 0) -> FloatArray:
     if card.preprocess.normalise == "minmax":
         return rng.random(shape, dtype=np.float32)
     return rng.standard_normal(shape, dtype=np.float32)
+
+
+def write_pieces(outputs: FloatArray, pieces: Sequence[FloatArray]) -> None:
+    """Copy [N, ...] `outputs` into consecutive pieces whose lengths add up to N.
+
+    Raises
+    ------
+    ValueError
+        The lengths or the slice shapes differ.
+    """
+    total = sum(len(p) for p in pieces)
+    if len(outputs) != total or (pieces and outputs.shape[1:] != pieces[0].shape[1:]):
+        shape = pieces[0].shape[1:] if pieces else ()
+        raise ValueError(f"outputs {outputs.shape} do not fit {total} slices of {shape}")
+    at = 0
+    for piece in pieces:
+        piece[...] = outputs[at : at + len(piece)]
+        at += len(piece)
+
+
+def infer_into(engine: Engine, inputs: Sequence[FloatArray], outputs: Sequence[FloatArray]) -> None:
+    """Run the pieces of `inputs` as one batch and write its outputs into `outputs`, in order.
+
+    The pieces are views of a worker's shared slots. An engine with its own `infer_into` (the
+    ONNX Runtime GPU engine) copies each piece straight to and from the GPU; any other engine
+    gets one concatenated batch from `infer`.
+
+    Parameters
+    ----------
+    engine : Engine
+        The model's engine.
+    inputs : sequence of FloatArray
+        [n_i, C, H, W] pieces; together one batch of at most `engine.max_batch_size`.
+    outputs : sequence of FloatArray
+        [n_i, K, h, w] pieces, as long as the inputs, written in place.
+    """
+    own = getattr(engine, "infer_into", None)
+    if own is not None:
+        own(inputs, outputs)
+        return
+    batch = inputs[0] if len(inputs) == 1 else np.concatenate(inputs)
+    write_pieces(engine.infer(batch), outputs)
+
+
+def check_pieces(
+    inputs: Sequence[FloatArray],
+    outputs: Sequence[FloatArray],
+    card: ModelCard,
+    max_batch_size: int,
+    output_dims: tuple[int, ...],
+) -> int:
+    """Refuse input/output pieces that do not fit the model or each other; return N.
+
+    Raises
+    ------
+    ValueError
+        A piece with the wrong dtype or slice shape, unequal piece lengths, or a batch that
+        is empty or larger than `max_batch_size`.
+    """
+    if len(inputs) != len(outputs) or not inputs:
+        raise ValueError(f"{card.name}: {len(inputs)} input and {len(outputs)} output pieces")
+    for x, y in zip(inputs, outputs, strict=True):
+        if x.dtype != np.float32 or x.ndim != 4 or tuple(x.shape[1:]) != card.input_shape:
+            shape = ("n", *card.input_shape)
+            raise ValueError(f"{card.name}: input piece {x.dtype} {x.shape}, expected {shape}")
+        if y.dtype != np.float32 or tuple(y.shape) != (len(x), *output_dims):
+            dims = (len(x), *output_dims)
+            raise ValueError(f"{card.name}: output piece {y.dtype} {y.shape}, expected {dims}")
+    n = sum(len(x) for x in inputs)
+    if not 1 <= n <= max_batch_size:
+        raise ValueError(f"{card.name}: batch of {n}, expected 1..{max_batch_size}")
+    return n

@@ -125,6 +125,25 @@ class CudaRuntime:
             self.rt.cudaMemcpyAsync(dst.ptr, src.ptr, nbytes, kind, stream.handle),
         )
 
+    def copy_async(self, dst: int, src: int, nbytes: int, to_device: bool, stream: Stream) -> None:
+        """Enqueue a copy between raw addresses (a bound ONNX Runtime buffer, a shared slot).
+
+        Host memory should be page-locked (`alloc_pinned` or `host_register`); from pageable
+        memory the copy still happens, but staged by the driver and not asynchronously.
+        """
+        rt = self.rt.cudaMemcpyKind
+        kind = rt.cudaMemcpyHostToDevice if to_device else rt.cudaMemcpyDeviceToHost
+        what = "cudaMemcpyAsync " + ("H2D" if to_device else "D2H")
+        self.call(what, self.rt.cudaMemcpyAsync(dst, src, nbytes, kind, stream.handle))
+
+    def host_register(self, ptr: int, nbytes: int) -> None:
+        """Page-lock host memory that is already mapped (cudaHostRegister), for DMA copies."""
+        self.call("cudaHostRegister", self.rt.cudaHostRegister(ptr, nbytes, 0))
+
+    def host_unregister(self, ptr: int) -> None:
+        """Undo `host_register` (before the memory is unmapped)."""
+        self.call("cudaHostUnregister", self.rt.cudaHostUnregister(ptr))
+
 
 def _check_fits(nbytes: int, *buffers: DeviceBuffer | PinnedBuffer) -> None:
     for buf in buffers:

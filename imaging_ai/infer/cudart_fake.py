@@ -78,6 +78,7 @@ class FakeCudart(ModuleType):
         self.devices, self.gpu_name, self.cc = devices, name, cc
         self.device_mem: dict[int, ctypes.Array[ctypes.c_char]] = {}
         self.pinned_mem: dict[int, ctypes.Array[ctypes.c_char]] = {}
+        self.registered: dict[int, int] = {}  # cudaHostRegister: address -> bytes
         self.queues: dict[int, list[Callable[[], None]]] = {}
         self.failures: dict[str, CudaError] = {}
         self.calls: list[str] = []
@@ -148,19 +149,38 @@ class FakeCudart(ModuleType):
         err = self._enter("cudaFreeHost")
         return (err if err != _OK or self.pinned_mem.pop(ptr, None) is not None else _BAD,)
 
+    def cudaHostRegister(self, ptr: int, size: int, flags: int) -> tuple[CudaError]:
+        err = self._enter("cudaHostRegister")
+        if err != _OK or size <= 0 or self._host_ok(ptr, 1):
+            return (err if err != _OK else _BAD,)  # registering twice is an error in CUDA too
+        self.registered[ptr] = size
+        return (_OK,)
+
+    def cudaHostUnregister(self, ptr: int) -> tuple[CudaError]:
+        err = self._enter("cudaHostUnregister")
+        return (err if err != _OK or self.registered.pop(ptr, None) is not None else _BAD,)
+
+    def _host_ok(self, ptr: int, count: int) -> bool:
+        """Page-locked host memory: from cudaMallocHost or registered."""
+        if _inside(self.pinned_mem, ptr, count):
+            return True
+        return any(base <= ptr and ptr + count <= base + n for base, n in self.registered.items())
+
     def cudaMemcpyAsync(
         self, dst: int, src: int, count: int, kind: MemcpyKind, stream: StreamHandle | int
     ) -> tuple[CudaError]:
         err = self._enter("cudaMemcpyAsync")
-        pools = {
-            MemcpyKind.cudaMemcpyHostToDevice: (self.device_mem, self.pinned_mem),
-            MemcpyKind.cudaMemcpyDeviceToHost: (self.pinned_mem, self.device_mem),
-        }
-        if err != _OK or kind not in pools:
+        to_device = kind == MemcpyKind.cudaMemcpyHostToDevice
+        if err != _OK or kind not in (
+            MemcpyKind.cudaMemcpyHostToDevice,
+            MemcpyKind.cudaMemcpyDeviceToHost,
+        ):
             return (err if err != _OK else _BAD,)
-        dst_pool, src_pool = pools[kind]
+        device, host = (dst, src) if to_device else (src, dst)
         queue = self.queues.get(int(stream))
-        if queue is None or not _inside(dst_pool, dst, count) or not _inside(src_pool, src, count):
+        if queue is None or not _inside(self.device_mem, device, count):
+            return (_BAD,)
+        if not self._host_ok(host, count):
             return (_BAD,)
 
         def copy() -> None:

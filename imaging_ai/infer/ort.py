@@ -12,6 +12,7 @@ from __future__ import annotations
 import importlib
 import logging
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from types import ModuleType
@@ -27,10 +28,13 @@ from imaging_ai.infer.base import (
     Precision,
     batch_sizes_up_to,
     check_batch,
+    check_pieces,
     pad_batch,
     padded_size,
     sample_batch,
+    write_pieces,
 )
+from imaging_ai.infer.cuda_mem import CudaRuntime
 from imaging_ai.infer.fp16 import fp16_model_bytes
 from imaging_ai.modelcard import ModelCard
 
@@ -72,6 +76,24 @@ class OrtOptions:
                 raise EngineError(f"onnxruntime {option} needs the cuda or tensorrt provider")
         if self.max_batch_size < 1:
             raise EngineError(f"max_batch_size = {self.max_batch_size}: expected >= 1")
+
+
+# CUDA graphs in the daemon's GPU engines (see `gpu_tuned`).
+GPU_CUDA_GRAPHS = False
+
+
+def gpu_tuned(options: OrtOptions) -> OrtOptions:
+    """The options the daemon runs ONNX Runtime's CUDA provider with.
+
+    IO binding with page-locked copies straight from and into the workers' shared slots, and
+    NHWC kernels for FP16: together the fastest on an H200 (docs/benchmarks.md, "Engines on
+    one H200"); CUDA graphs per `GPU_CUDA_GRAPHS`.
+    """
+    if options.provider != "cuda":
+        return options
+    nhwc = options.prefer_nhwc or options.precision == "fp16"
+    graphs = options.cuda_graph or GPU_CUDA_GRAPHS
+    return replace(options, io_binding=True, prefer_nhwc=nhwc, cuda_graph=graphs)
 
 
 def import_ort() -> ModuleType:
@@ -282,8 +304,59 @@ class _Slot:
     run_options: Any
 
 
+class PieceCopier:
+    """Copies a batch's pieces between host arrays and one device buffer, on a private stream.
+
+    Each piece is one cudaMemcpyAsync; the stream is synchronised before a copy returns, so the
+    ONNX Runtime run that follows (on its own stream) sees the data, and the outputs are in
+    the host pieces when `to_host` returns. Host pieces should be page-locked (a worker's
+    registered shared slots): then each copy is DMA at PCIe speed.
+    """
+
+    def __init__(self, cuda: CudaRuntime, device_id: int) -> None:
+        cuda.set_device(device_id)
+        self._cuda, self._stream = cuda, cuda.create_stream()
+
+    def to_device(self, dst: int, pieces: Sequence[FloatArray]) -> None:
+        """Copy the pieces, one after another, to device address `dst`."""
+        keep = [np.ascontiguousarray(p) for p in pieces]  # alive until the copies are done
+        for piece in keep:
+            self._cuda.copy_async(dst, piece.ctypes.data, piece.nbytes, True, self._stream)
+            dst += piece.nbytes
+        self._stream.synchronize()
+
+    def to_host(self, src: int, pieces: Sequence[FloatArray]) -> None:
+        """Fill the pieces, one after another, from device address `src`."""
+        for piece in pieces:
+            if not piece.flags.c_contiguous:
+                raise ValueError("output pieces must be C-contiguous")
+            self._cuda.copy_async(piece.ctypes.data, src, piece.nbytes, False, self._stream)
+            src += piece.nbytes
+        self._stream.synchronize()
+
+    def close(self) -> None:
+        """Destroy the stream."""
+        self._stream.close()
+
+
+def piece_copier(options: OrtOptions) -> PieceCopier | None:
+    """A copier for a GPU session when cuda-python is there; None for the CPU (or without it)."""
+    if options.provider == "cpu":
+        return None
+    try:
+        return PieceCopier(CudaRuntime(), options.device_id)
+    except EngineError as exc:
+        log.warning("IO binding without cuda-python copies (slower, pageable): %s", exc)
+        return None
+
+
 class OrtBoundEngine:
-    """Fixed input/output buffers per padded batch size; replays CUDA graphs when enabled."""
+    """Fixed input/output buffers per padded batch size; replays CUDA graphs when enabled.
+
+    On a GPU the batch's pieces are copied straight into the bound device input and the
+    outputs straight out into the caller's arrays (`infer_into`): no stacking, no output
+    allocation, and DMA when the host memory is page-locked.
+    """
 
     def __init__(
         self, session: Any, card: ModelCard, options: OrtOptions, ort: ModuleType, info: BackendInfo
@@ -291,13 +364,14 @@ class OrtBoundEngine:
         self._session, self._card, self._errors = session, card, ort_errors(ort)
         self._sizes = batch_sizes_up_to(options.max_batch_size)
         self._info = replace(info, max_batch_size=self._sizes[-1], batch_sizes=self._sizes)
-        out_dims = self._output_dims()
+        self._out_dims = self._output_dims()
         device = "cpu" if options.provider == "cpu" else "cuda"
         self._slots = {
-            size: self._slot(ort, options, device, size, out_dims, graph_id)
+            size: self._slot(ort, options, device, size, graph_id)
             for graph_id, size in enumerate(self._sizes, start=1)  # id 0 is ORT's own
         }
         self._graphs = options.cuda_graph
+        self._copier = piece_copier(options)
         self._lock = threading.Lock()  # one binding per size: runs must not interleave
 
     def _output_dims(self) -> tuple[int, ...]:
@@ -311,12 +385,12 @@ class OrtBoundEngine:
         return tuple(shape[1:])
 
     def _slot(
-        self, ort: ModuleType, options: OrtOptions, device: str, size: int,
-        out_dims: tuple[int, ...], graph_id: int,
-    ) -> _Slot:  # fmt: skip
+        self, ort: ModuleType, options: OrtOptions, device: str, size: int, graph_id: int
+    ) -> _Slot:
         make = ort.OrtValue.ortvalue_from_shape_and_type
         x = make((size, *self._card.input_shape), np.float32, device, options.device_id)
-        y = make((size, *out_dims), np.float32, device, options.device_id)
+        x.update_inplace(np.zeros((size, *self._card.input_shape), np.float32))  # padding rows
+        y = make((size, *self._out_dims), np.float32, device, options.device_id)
         binding = self._session.io_binding()
         binding.bind_ortvalue_input(self._card.input.name, x)
         binding.bind_ortvalue_output(self._card.output.name, y)
@@ -338,16 +412,48 @@ class OrtBoundEngine:
     def infer(self, batch: FloatArray) -> FloatArray:
         """Pad the batch to the next bound size, run it, and return the first N results."""
         check_batch(batch, self._card, self.max_batch_size)
-        n = batch.shape[0]
+        out = np.empty((len(batch), *self._out_dims), np.float32)
+        self.infer_into([batch], [out])
+        return out
+
+    def infer_into(self, inputs: Sequence[FloatArray], outputs: Sequence[FloatArray]) -> None:
+        """Run the pieces of `inputs` as one batch; write the outputs into `outputs` in place.
+
+        Raises
+        ------
+        ValueError
+            The pieces do not fit the model or each other.
+        EngineError
+            ONNX Runtime or a CUDA copy failed.
+        """
+        n = check_pieces(inputs, outputs, self._card, self.max_batch_size, self._out_dims)
         slot = self._slots[padded_size(n, self._sizes)]
         with self._lock:
             try:
-                slot.input.update_inplace(pad_batch(batch, slot.size))
+                self._copy_in(slot, inputs, n)
                 self._session.run_with_iobinding(slot.binding, slot.run_options)
-                out = slot.output.numpy()
+                self._copy_out(slot, outputs, n)
             except self._errors as exc:
                 raise EngineError(f"{self._card.name}: {self._info.backend} failed: {exc}") from exc
-        return np.array(out[:n], dtype=np.float32)
+
+    def _copy_in(self, slot: _Slot, inputs: Sequence[FloatArray], n: int) -> None:
+        if self._copier is not None:
+            self._copier.to_device(slot.input.data_ptr(), inputs)
+        else:
+            batch = inputs[0] if len(inputs) == 1 else np.concatenate(inputs)
+            slot.input.update_inplace(pad_batch(batch, slot.size))
+
+    def _copy_out(self, slot: _Slot, outputs: Sequence[FloatArray], n: int) -> None:
+        if self._copier is not None:
+            self._copier.to_host(slot.output.data_ptr(), outputs)
+        else:
+            write_pieces(slot.output.numpy()[:n], outputs)
+
+    def run_on_device(self, n: int) -> None:
+        """Run the bound batch for `n` slices on what its device input holds (benchmarks)."""
+        slot = self._slots[padded_size(n, self._sizes)]
+        with self._lock:
+            self._session.run_with_iobinding(slot.binding, slot.run_options)
 
     def warm_up(self) -> None:
         """Run every bound size twice: ONNX Runtime captures a CUDA graph on the second run."""
@@ -356,6 +462,9 @@ class OrtBoundEngine:
                 self.infer(sample_batch(self._card, size))
 
     def close(self) -> None:
-        """Drop bindings, buffers and the session."""
+        """Drop bindings, buffers, the copy stream and the session."""
         self._slots.clear()
+        if self._copier is not None:
+            self._copier.close()
+            self._copier = None
         self._session = None

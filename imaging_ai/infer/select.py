@@ -14,14 +14,28 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Literal, get_args
 
 from imaging_ai.errors import EngineError
-from imaging_ai.infer.base import Backend, BackendInfo, Engine, FloatArray, check_batch
+from imaging_ai.infer.base import (
+    Backend,
+    BackendInfo,
+    Engine,
+    FloatArray,
+    check_batch,
+    infer_into,
+)
 from imaging_ai.infer.cuda_mem import gpu_count
-from imaging_ai.infer.ort import PROVIDER_NAMES, OrtBackend, OrtOptions, available_providers
+from imaging_ai.infer.ort import (
+    PROVIDER_NAMES,
+    OrtBackend,
+    OrtOptions,
+    available_providers,
+    gpu_tuned,
+)
 from imaging_ai.infer.tensorrt import TensorRTBackend, TensorRTOptions
 from imaging_ai.modelcard import ModelCard
 
@@ -154,7 +168,7 @@ def make_backend(
     if name == "tensorrt":
         return TensorRTBackend(data_dir, trt)
     if name == "onnxruntime-cuda":
-        return OrtBackend(replace(ort_gpu or OrtOptions(), provider="cuda"))
+        return OrtBackend(gpu_tuned(replace(ort_gpu or OrtOptions(), provider="cuda")))
     return OrtBackend(replace(ort_cpu or OrtOptions(), provider="cpu"))
 
 
@@ -252,6 +266,19 @@ class FallbackEngine:
                     self._consecutive = 0
                 return out
         return self._fallback.infer(batch)
+
+    def infer_into(self, inputs: Sequence[FloatArray], outputs: Sequence[FloatArray]) -> None:
+        """`infer` for a batch in pieces, written in place (see `base.infer_into`)."""
+        if not self._stats.degraded:
+            try:
+                infer_into(self._primary, inputs, outputs)
+            except (EngineError, MemoryError) as exc:
+                self._record(exc)
+            else:
+                with self._lock:
+                    self._consecutive = 0
+                return
+        infer_into(self._fallback, inputs, outputs)
 
     def _record(self, exc: BaseException) -> None:
         with self._lock:
