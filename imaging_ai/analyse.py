@@ -79,6 +79,8 @@ def spec_from_card(card: ModelCard) -> PreprocessSpec:
         denoise=p.denoise,
         denoise_sigma_mm=p.denoise_sigma_mm,
         input_size=(card.input.height, card.input.width),
+        context_slices=card.input.context_slices,
+        context_spacing_mm=card.input.context_spacing_mm,
     )
 
 

@@ -42,7 +42,13 @@ class CodedConcept:
 
 @dataclass(frozen=True)
 class InputSpec:
-    """The model's input tensor: name, channels, spatial size, dtype and layout."""
+    """The model's input tensor: name, channels, spatial size, dtype and layout.
+
+    ``context_slices`` > 0 makes a 2.5-D input: each slice travels with that many neighbours on
+    either side as channels (``channels = 2 * context_slices + 1``, the slice itself in the
+    middle), ``context_spacing_mm`` apart along the slice normal, rounded to whole slices (at
+    least one); 0 means adjacent slices.
+    """
 
     name: str
     channels: int
@@ -50,6 +56,8 @@ class InputSpec:
     width: int
     dtype: Literal["float32"] = "float32"
     layout: Literal["NCHW"] = "NCHW"
+    context_slices: int = 0
+    context_spacing_mm: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -253,7 +261,7 @@ def parse_model_card(data: Mapping[str, object], source: Path) -> ModelCard:
 
 
 def _parse_input(t: _Table) -> InputSpec:
-    t.only("name", "channels", "size", "dtype", "layout")
+    t.only("name", "channels", "size", "dtype", "layout", "context_slices", "context_spacing_mm")
     size = t.get("size")
     if (
         not isinstance(size, list)
@@ -263,7 +271,17 @@ def _parse_input(t: _Table) -> InputSpec:
         t.fail("size", size, "expected [height, width], two positive integers")
     t.choice("dtype", ("float32",), "float32")
     t.choice("layout", ("NCHW",), "NCHW")
-    return InputSpec(t.text("name"), t.integer("channels", 1, 1), size[0], size[1])
+    channels, context = t.integer("channels", 1, 1), t.integer("context_slices", 0, 0)
+    if channels != 2 * context + 1:  # the pipeline makes channels only from neighbouring slices
+        why = f"context_slices = {context} gives {2 * context + 1} channel(s): the slice and "
+        t.fail("channels", channels, why + f"{context} neighbour(s) on each side")
+    spacing = t.number("context_spacing_mm", 0.0)
+    if spacing < 0 or (spacing and not context):
+        t.fail("context_spacing_mm", spacing, "expected >= 0 mm, with context_slices >= 1")
+    return InputSpec(
+        t.text("name"), channels, size[0], size[1],
+        context_slices=context, context_spacing_mm=spacing,
+    )  # fmt: skip
 
 
 def _parse_preprocess(t: _Table) -> PreprocessSpec:

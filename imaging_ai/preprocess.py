@@ -1,4 +1,4 @@
-"""A Volume and a model card's preprocessing spec in, model input slices (N, 1, H, W) out.
+"""A Volume and a model card's preprocessing spec in, model input slices (N, C, H, W) out.
 
 Every step is written once against an array module ``xp`` (numpy on the CPU, CuPy in
 :mod:`imaging_ai.preprocess_gpu`), so both paths run the same algorithm: filters and resizing
@@ -38,6 +38,8 @@ class PreprocessSpec:
     neighbourhood radius for ``median``; millimetres become voxels with the in-plane spacing.
     ``input_size`` is (height, width). ``zscore`` uses the mean and standard deviation of the
     whole windowed volume, so a slice's values do not depend on which batch it travels in.
+    ``context_slices`` > 0 gives a 2.5-D input (see :func:`add_context`): each slice with that
+    many neighbours on either side, ``context_spacing_mm`` apart (0: adjacent slices).
     """
 
     window_center: float
@@ -48,6 +50,8 @@ class PreprocessSpec:
     input_size: tuple[int, int]
     dtype: str = "float32"
     denoise_range_hu: float = 40.0
+    context_slices: int = 0
+    context_spacing_mm: float = 0.0
 
     def __post_init__(self) -> None:
         problems = []
@@ -67,6 +71,11 @@ class PreprocessSpec:
             problems.append(f"input_size must be two positive integers, not {self.input_size}")
         if self.dtype not in _DTYPES:
             problems.append(f"dtype must be one of {_DTYPES}, not {self.dtype!r}")
+        if self.context_slices < 0 or self.context_spacing_mm < 0:
+            problems.append(
+                f"context_slices and context_spacing_mm must be >= 0, not "
+                f"{self.context_slices} and {self.context_spacing_mm}"
+            )
         if problems:
             raise ModelError("invalid preprocessing: " + "; ".join(problems))
 
@@ -100,11 +109,49 @@ def prepare_slices(volume: Volume, spec: PreprocessSpec) -> NDArray[np.floating[
     Returns
     -------
     numpy.ndarray
-        Shape (slices, 1, H, W), dtype ``spec.dtype`` (float32 unless the card says float16),
-        C-contiguous for an NCHW input. :func:`resize_back` maps outputs to the source grid.
+        Shape (slices, C, H, W), dtype ``spec.dtype`` (float32 unless the card says float16),
+        C-contiguous for an NCHW input; C is 1, or ``2 * spec.context_slices + 1`` for a 2.5-D
+        input (:func:`add_context`). :func:`resize_back` maps outputs to the source grid.
     """
     spacing_xy = (volume.spacing_mm[0], volume.spacing_mm[1])
-    return cast(NDArray[np.floating[Any]], prepare_array(volume.hu, spacing_xy, spec, np))
+    out = prepare_array(volume.hu, spacing_xy, spec, np)
+    if spec.context_slices:
+        stride = context_stride(volume.spacing_mm[2], spec.context_spacing_mm)
+        out = add_context(out, stride, spec.context_slices, np)
+    return cast(NDArray[np.floating[Any]], out)
+
+
+def context_stride(slice_spacing_mm: float, context_spacing_mm: float) -> int:
+    """Slices between a slice and its context neighbour: ``context_spacing_mm`` in whole slices.
+
+    Rounded to the nearest whole number of slices (halves up) and at least one, so a 3 mm
+    context is 3 slices at 1 mm, 2 at 1.25-2 mm and 1 from 2.5 mm on; 0 mm means adjacent.
+    """
+    if context_spacing_mm <= 0 or slice_spacing_mm <= 0:
+        return 1
+    return max(1, math.floor(context_spacing_mm / slice_spacing_mm + 0.5))
+
+
+def context_indices(count: int, stride: int, context_slices: int) -> NDArray[np.intp]:
+    """``(count, 2k + 1)``: for each slice, the slices its 2.5-D input is made of, in order.
+
+    Row ``i`` is ``i - k*stride, ..., i, ..., i + k*stride``, clipped to the volume, so a slice
+    at either end repeats itself where the volume has no neighbour (as edge padding does).
+    """
+    offsets = stride * np.arange(-context_slices, context_slices + 1)
+    indices: NDArray[np.intp] = np.clip(np.arange(count)[:, None] + offsets, 0, count - 1)
+    return indices
+
+
+def add_context(slices: Array, stride: int, context_slices: int, xp: ModuleType) -> Array:
+    """Stack each prepared slice ``(N, 1, H, W)`` with its neighbours as channels.
+
+    Channels follow the volume's slice order (along the slice normal: feet to head for a
+    standard axial series), the slice itself in the middle: the usual 2.5-D input of nnU-Net-
+    or MONAI-style networks. Returns ``(N, 2 * context_slices + 1, H, W)``, an array of ``xp``.
+    """
+    index = context_indices(slices.shape[0], stride, context_slices)
+    return slices[:, 0][xp.asarray(index)]
 
 
 def prepare_array(

@@ -16,7 +16,13 @@ from typing import Any
 import numpy as np
 
 from imaging_ai.errors import EngineError
-from imaging_ai.preprocess import PreprocessSpec, prepare_array, prepare_slices
+from imaging_ai.preprocess import (
+    PreprocessSpec,
+    add_context,
+    context_stride,
+    prepare_array,
+    prepare_slices,
+)
 from imaging_ai.volume import Volume
 
 # Largest |CPU - GPU| allowed after normalisation. Both paths run the same float32 operations in
@@ -75,12 +81,17 @@ def prepare_slices_gpu(volume: Volume, spec: PreprocessSpec) -> Any:
     Returns
     -------
     cupy.ndarray
-        Shape (slices, 1, H, W), dtype ``spec.dtype``, on the current device, so an inference
-        engine can read it without a copy back to the host.
+        Shape (slices, C, H, W) as :func:`~imaging_ai.preprocess.prepare_slices` gives it, dtype
+        ``spec.dtype``, on the current device, so an inference engine can read it without a copy
+        back to the host.
     """
     cupy = cupy_module()
     spacing_xy = (volume.spacing_mm[0], volume.spacing_mm[1])
-    return prepare_array(volume.hu, spacing_xy, spec, cupy, chunk=GPU_CHUNK)
+    out = prepare_array(volume.hu, spacing_xy, spec, cupy, chunk=GPU_CHUNK)
+    if spec.context_slices:
+        stride = context_stride(volume.spacing_mm[2], spec.context_spacing_mm)
+        out = add_context(out, stride, spec.context_slices, cupy)
+    return out
 
 
 def compare_cpu_gpu(

@@ -145,6 +145,54 @@ def test_a_detection_card_with_an_anatomic_region(tmp_path: Path) -> None:
     validate_against_onnx(card)
 
 
+CONTEXT_INPUT = """\
+[input]
+name = "image"
+channels = 3
+context_slices = 1
+context_spacing_mm = 3.0
+size = [256, 256]
+"""
+
+
+def test_a_2_5d_card_takes_its_neighbours_as_channels(tmp_path: Path) -> None:
+    card_text = NODULE_CARD.replace('[input]\nname = "image"\nsize = [256, 256]\n', CONTEXT_INPUT)
+    card = load_model_card(write_model(tmp_path, card_text, classes=1, in_channels=3))
+    assert card.input_shape == (3, 256, 256)
+    assert (card.input.context_slices, card.input.context_spacing_mm) == (1, 3.0)
+    validate_against_onnx(card)
+    single = load_model_card(write_model(tmp_path, NODULE_CARD, folder="single", classes=1))
+    assert (single.input_shape, single.input.context_slices) == ((1, 256, 256), 0)
+    with pytest.raises(ModelError, match="has channels 1, the card says 3"):
+        validate_against_onnx(card, single.onnx_path)
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "message"),
+    [
+        ("channels = 3", "channels = 2", "channels = 2: context_slices = 1 gives 3 channel(s)"),
+        ("context_slices = 1", "context_slices = -1", "context_slices = -1: expected an integer"),
+        ("context_slices = 1\n", "", "channels = 3: context_slices = 0 gives 1 channel(s)"),
+        ("context_spacing_mm = 3.0", "context_spacing_mm = -3.0", "context_spacing_mm = -3.0"),
+        ("context_slices = 1\n", "context_slices = 1\nslab = 3\n", "slab = 3: unknown key"),
+    ],
+)
+def test_invalid_2_5d_inputs_are_named(tmp_path: Path, old: str, new: str, message: str) -> None:
+    card_text = NODULE_CARD.replace('[input]\nname = "image"\nsize = [256, 256]\n', CONTEXT_INPUT)
+    folder = write_model(tmp_path, card_text.replace(old, new, 1), classes=1, in_channels=3)
+    with pytest.raises(ModelError) as info:
+        load_model_card(folder)
+    assert message in str(info.value) and "[input]" in str(info.value)
+
+
+def test_spacing_without_context_is_refused(tmp_path: Path) -> None:
+    card_text = NODULE_CARD.replace(
+        "size = [256, 256]\n", "size = [256, 256]\ncontext_spacing_mm = 2.0\n"
+    )
+    with pytest.raises(ModelError, match=r"context_spacing_mm = 2\.0: expected >= 0 mm, with"):
+        load_model_card(write_model(tmp_path, card_text, classes=1))
+
+
 @pytest.mark.parametrize(
     ("old", "new", "message"),
     [

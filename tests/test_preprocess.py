@@ -23,7 +23,13 @@ from imaging_ai.errors import (
     ModelError,
     UnsupportedInput,
 )
-from imaging_ai.preprocess import PreprocessSpec, prepare_slices, resize_back
+from imaging_ai.preprocess import (
+    PreprocessSpec,
+    context_indices,
+    context_stride,
+    prepare_slices,
+    resize_back,
+)
 from imaging_ai.preprocess_gpu import GPU_TOLERANCE, compare_cpu_gpu, prepare_slices_gpu
 from imaging_ai.volume import (
     CT_IMAGE_STORAGE,
@@ -472,6 +478,37 @@ def test_bilateral_smooths_noise_but_not_edges() -> None:
     assert step > 180 and blurred < 120
 
 
+@pytest.mark.parametrize(
+    ("slice_mm", "context_mm", "stride"),
+    [(1.0, 3.0, 3), (1.25, 3.0, 2), (2.0, 3.0, 2), (2.5, 3.0, 1), (5.0, 3.0, 1), (0.6, 0.0, 1)],
+)
+def test_context_stride_is_the_spacing_in_whole_slices(
+    slice_mm: float, context_mm: float, stride: int
+) -> None:
+    assert context_stride(slice_mm, context_mm) == stride
+
+
+def test_context_stacks_neighbours_as_channels_repeating_the_ends() -> None:
+    hu = np.arange(7.0)[:, None, None] * 10 * np.ones((7, 32, 24))  # slice k is 10k HU
+    single = prepare_slices(make_volume(hu, (0.7, 0.8, 1.0)), spec())
+    stacked = prepare_slices(make_volume(hu, (0.7, 0.8, 1.0)), spec(context_slices=1))
+    assert stacked.shape == (7, 3, 32, 24) and stacked.flags.c_contiguous
+    np.testing.assert_array_equal(stacked[:, 1], single[:, 0])
+    below, above = stacked[:, 0, 0, 0], stacked[:, 2, 0, 0]
+    np.testing.assert_array_equal(below, single[[0, 0, 1, 2, 3, 4, 5], 0, 0, 0])
+    np.testing.assert_array_equal(above, single[[1, 2, 3, 4, 5, 6, 6], 0, 0, 0])
+    two_mm = spec(context_slices=2, context_spacing_mm=2.0, dtype="float16")
+    wide = prepare_slices(make_volume(hu, (0.7, 0.8, 1.0)), two_mm)  # stride 2 at 1 mm
+    assert wide.shape == (7, 5, 32, 24) and wide.dtype == np.float16
+    np.testing.assert_array_equal(
+        context_indices(7, 2, 2)[3],
+        [0, 1, 3, 5, 6],  # 3 - 4 and 3 + 4 clip to the ends
+    )
+    np.testing.assert_array_equal(
+        wide[3, :, 0, 0], single[[0, 1, 3, 5, 6], 0, 0, 0].astype(np.float16)
+    )
+
+
 def test_resize_back_probabilities_and_labels() -> None:
     volume = make_volume(np.zeros((3, 64, 48)))
     y, x = np.mgrid[0:32, 0:24]
@@ -501,10 +538,13 @@ GPU_CASES = [
     spec(denoise="gaussian", denoise_sigma_mm=1.0, input_size=(256, 256)),
     spec(denoise="median", denoise_sigma_mm=0.7, dtype="float16"),
     spec(denoise="bilateral", denoise_sigma_mm=0.7, normalise="zscore", input_size=(160, 200)),
+    spec(context_slices=1, context_spacing_mm=5.0, input_size=(256, 256)),
 ]
 
 
-@pytest.mark.parametrize("case", GPU_CASES, ids=lambda s: f"{s.denoise}-{s.normalise}")
+@pytest.mark.parametrize(
+    "case", GPU_CASES, ids=lambda s: f"{s.denoise}-{s.normalise}-{2 * s.context_slices + 1}ch"
+)
 def test_gpu_matches_cpu(case: PreprocessSpec) -> None:
     pytest.importorskip("cupy")
 
