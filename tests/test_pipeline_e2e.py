@@ -9,6 +9,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import fhirkit
 import highdicom as hd
 import pydicom
 import pytest
@@ -92,6 +93,7 @@ def test_orthanc_round_trip_and_ris(
     assert len(api["lesions"]) >= 1
     bundle = daemon.get("/fhir/DiagnosticReport?identifier=E2E-RIS-1")
     Bundle.model_validate(bundle)
+    assert [str(issue) for issue in fhirkit.validate(bundle)] == []  # FHIR R4 4.0.1
     assert bundle["type"] == "searchset" and bundle["total"] == 1
     [match] = [e["resource"] for e in bundle["entry"] if e["search"]["mode"] == "match"]
     assert match["resourceType"] == "DiagnosticReport" and match["status"] == "preliminary"

@@ -1,4 +1,5 @@
-"""FHIR Bundle: validates against the FHIR models (fhir.resources, R4B = R4 for these resources)."""
+"""FHIR Bundle: valid FHIR R4 (4.0.1) per fhirkit, per the fhir.resources R4B models, and with
+the R4 codes of every required binding it uses; what the RIS API answers is checked as well."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import dataclasses
 import json
 from typing import Any
 
+import fhirkit
 import pydantic
 import pytest
 from fhir.resources.R4B.bundle import Bundle
@@ -13,6 +15,7 @@ from fhir.resources.R4B.bundle import Bundle
 from imaging_ai.outputs.common import Report, build_report
 from imaging_ai.outputs.fhir import diagnostic_report_bundle
 from imaging_ai.outputs.uids import output_uids
+from imaging_ai.web.api import searchset
 from tests.outputs.conftest import ALGORITHM, CREATED, IMPRESSION, Study
 
 
@@ -24,6 +27,20 @@ def report(study: Study) -> Report:
 @pytest.fixture(scope="module")
 def bundle(report: Report) -> dict[str, Any]:
     return diagnostic_report_bundle(report)
+
+
+@pytest.fixture(scope="module")
+def ris_answer(bundle: dict[str, Any]) -> dict[str, Any]:
+    """What ``GET /fhir/DiagnosticReport?identifier=A`` answers: the stored bundle, merged."""
+    stored = json.loads(json.dumps(bundle, indent=1))  # as written to fhir.json and read back
+    url = "https://imaging-ai.local/fhir/DiagnosticReport?identifier=ACC-1"
+    answer: dict[str, Any] = json.loads(json.dumps(searchset([stored], url)))
+    return answer
+
+
+def r4_issues(resource: dict[str, Any]) -> list[str]:
+    """Every problem fhirkit finds against the R4 4.0.1 definitions (errors and warnings)."""
+    return [str(issue) for issue in fhirkit.validate(resource)]
 
 
 def resources(bundle: dict[str, Any], kind: str) -> list[dict[str, Any]]:
@@ -61,8 +78,45 @@ def test_the_validator_catches_what_the_schema_forbids(
         Bundle.model_validate(broken)
 
 
-# fhir.resources does not check codes against required bindings; the R4 JSON schema does, so
-# they are checked here against the R4 value sets of the elements the bundle uses.
+def test_bundle_and_ris_answer_are_valid_fhir_r4(
+    bundle: dict[str, Any], ris_answer: dict[str, Any]
+) -> None:
+    assert fhirkit.FHIR_VERSION == "4.0.1"
+    assert r4_issues(bundle) == []
+    assert r4_issues(ris_answer) == []
+    for entry in ris_answer["entry"]:
+        assert r4_issues(entry["resource"]) == [], entry["fullUrl"]
+    assert ris_answer["type"] == "searchset" and ris_answer["total"] == 1
+    assert len(ris_answer["entry"]) == len(bundle["entry"])
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "expected"),
+    [
+        ("status", None, "status: required element missing"),  # None: removed
+        ("code", "24627-2", "code: expected an object, found a string"),
+        ("result", {"reference": "urn:uuid:x"}, "result: expected an array, found an object"),
+        ("issued", "2026-01-01T10:00", 'issued: "2026-01-01T10:00" is not a valid instant'),
+        ("composition", {"reference": "urn:uuid:x"}, "composition: unknown element"),  # R5 only
+    ],
+)
+def test_the_r4_validator_catches_a_broken_report(
+    ris_answer: dict[str, Any], field: str, value: object, expected: str
+) -> None:
+    broken = json.loads(json.dumps(ris_answer))
+    kinds = [e["resource"]["resourceType"] for e in broken["entry"]]
+    index = kinds.index("DiagnosticReport")
+    report = broken["entry"][index]["resource"]
+    if value is None:
+        del report[field]
+    else:
+        report[field] = value
+    assert f"error at DiagnosticReport.{expected}" in r4_issues(report)
+    assert f"error at Bundle.entry[{index}].resource.{expected}" in r4_issues(broken)
+
+
+# Neither fhirkit nor fhir.resources checks codes against required bindings; the R4 JSON schema
+# does, so they are checked here against the R4 value sets of the elements the bundle uses.
 REQUIRED_BINDINGS = {
     ("Bundle", "type"): {"document", "message", "transaction", "transaction-response", "batch"}
     | {"batch-response", "history", "searchset", "collection"},
@@ -74,6 +128,7 @@ REQUIRED_BINDINGS = {
     ("ImagingStudy", "status"): {"registered", "available", "cancelled", "entered-in-error"}
     | {"unknown"},
 }
+SEARCH_MODES = {"match", "include", "outcome"}
 NAME_TYPES = {"udi-label-name", "user-friendly-name", "patient-reported-name"} | {
     "manufacturer-name",
     "model-name",
@@ -81,14 +136,35 @@ NAME_TYPES = {"udi-label-name", "user-friendly-name", "patient-reported-name"} |
 }
 
 
-def test_codes_of_required_bindings(bundle: dict[str, Any]) -> None:
+def unbound_codes(bundle: dict[str, Any]) -> list[tuple[str, str, str]]:
+    """(resource type, element, code) for each code outside its required R4 value set."""
     every = [bundle, *(e["resource"] for e in bundle["entry"])]
-    for resource in every:
-        for (kind, field), allowed in REQUIRED_BINDINGS.items():
-            if resource["resourceType"] == kind:
-                assert resource[field] in allowed, (kind, field, resource[field])
+    found = [
+        (kind, field, resource[field])
+        for resource in every
+        for (kind, field), allowed in REQUIRED_BINDINGS.items()
+        if resource["resourceType"] == kind and resource[field] not in allowed
+    ]
+    found += [
+        ("Bundle", "entry.search.mode", entry["search"]["mode"])
+        for entry in bundle["entry"]
+        if "search" in entry and entry["search"]["mode"] not in SEARCH_MODES
+    ]
     for device in resources(bundle, "Device"):
-        assert {name["type"] for name in device["deviceName"]} <= NAME_TYPES
+        found += [
+            ("Device", "deviceName.type", name["type"])
+            for name in device["deviceName"]
+            if name["type"] not in NAME_TYPES
+        ]
+    return found
+
+
+def test_codes_of_required_bindings(bundle: dict[str, Any], ris_answer: dict[str, Any]) -> None:
+    assert unbound_codes(bundle) == []
+    assert unbound_codes(ris_answer) == []
+    broken = json.loads(json.dumps(bundle))
+    resources(broken, "DiagnosticReport")[0]["status"] = "done"  # fhirkit lets this through
+    assert unbound_codes(broken) == [("DiagnosticReport", "status", "done")]
 
 
 def test_diagnostic_report(study: Study, bundle: dict[str, Any]) -> None:
@@ -165,6 +241,7 @@ def test_sparse_patient_still_validates(report: Report) -> None:
     )
     sparse = diagnostic_report_bundle(dataclasses.replace(report, study=study))
     Bundle.model_validate(sparse)
+    assert r4_issues(sparse) == []
     assert resources(sparse, "Patient")[0]["gender"] == "unknown"
     for entry in sparse["entry"]:
         assert all(i.get("value") for i in entry["resource"].get("identifier", []))
