@@ -85,14 +85,16 @@ class SliceArena:
         )
         self._free = np.ones(ref.capacity, bool)
         self._available = ref.capacity
-        self._cursor = 0
         self._lock = threading.Lock()
 
     @classmethod
     def create(
         cls, capacity: int, input_shape: Sequence[int], output_shape: Sequence[int]
     ) -> SliceArena:
-        """New buffers for `capacity` slices, their memory reserved now.
+        """New buffers for `capacity` slices.
+
+        Their pages are allocated on first touch, so memory follows the slots in use; the room
+        for all of them is checked now, because a write past a full /dev/shm is a SIGBUS.
 
         Raises
         ------
@@ -108,7 +110,6 @@ class SliceArena:
         try:
             for size in sizes:
                 made.append(SharedMemory(create=True, size=max(size, 1)))
-                _reserve(made[-1])
         except BaseException:
             for shm in made:
                 _drop(shm, unlink=True)
@@ -140,22 +141,16 @@ class SliceArena:
         return self._available
 
     def allocate(self, n: int) -> npt.NDArray[np.intp]:
-        """Up to `n` free slots (fewer when fewer are free), consecutive where possible.
+        """Up to `n` free slots (fewer when fewer are free), the lowest-numbered first.
 
-        Slots are handed out round the ring from where the last allocation ended, so a study's
-        slices mostly land in one run of slots and a batch is one or two copies to the GPU.
+        Lowest first keeps the memory that is touched (and so resident) to what the busiest
+        moment needed, and a study's slices mostly land in one run of slots, so a batch is one
+        or two copies to the GPU.
         """
         with self._lock:
-            take = min(n, self._available)
-            if take <= 0:
-                return np.empty(0, np.intp)
-            ahead = np.flatnonzero(self._free[self._cursor :]) + self._cursor
-            if len(ahead) < take:
-                ahead = np.concatenate([ahead, np.flatnonzero(self._free[: self._cursor])])
-            got = ahead[:take]
+            got = np.flatnonzero(self._free)[: max(n, 0)]
             self._free[got] = False
-            self._available -= take
-            self._cursor = int(got[-1] + 1) % self.capacity
+            self._available -= len(got)
             return got
 
     def free(self, slots: Sequence[int] | npt.NDArray[np.intp]) -> None:
@@ -212,20 +207,6 @@ def _check_room(nbytes: int) -> None:
             f"{free >> 20} MiB free; give the container more (docker run --shm-size) or lower "
             "[engines] max_pending_slices or max_batch_size"
         )
-
-
-def _reserve(shm: SharedMemory) -> None:
-    """Allocate the buffer's pages now, so a full /dev/shm fails here and not later as SIGBUS."""
-    path = os.path.join(_SHM_DIR, shm.name.lstrip("/"))
-    if not os.path.exists(path):
-        return  # not Linux: the pages come on first touch
-    fd = os.open(path, os.O_RDWR)
-    try:
-        os.posix_fallocate(fd, 0, shm.size)
-    except OSError as exc:
-        raise EngineError(f"cannot reserve {shm.size >> 20} MiB of shared memory: {exc}") from exc
-    finally:
-        os.close(fd)
 
 
 def _drop(shm: SharedMemory, *, unlink: bool) -> None:

@@ -285,6 +285,12 @@ class Batcher:
         """The dispatcher's figures for this model."""
         return self._dispatch.info(self.model)
 
+    @property
+    def slots(self) -> tuple[int, int]:
+        """Arena slots (in use, capacity): queued, running and not yet copied-out slices."""
+        arena = self._arena
+        return (0, 0) if arena is None else (arena.capacity - arena.available, arena.capacity)
+
     def start(self) -> None:
         """Create the model's arena (the workers must be up) and start the batching thread.
 

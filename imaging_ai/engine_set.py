@@ -140,7 +140,13 @@ class EngineSet:
                 {**asdict(w), "memory_bytes": _rss_bytes(w.pid)} for w in self.pool.status()
             ],
             "batchers": {
-                name: {"pending": b.pending, "peak_pending": b.peak_pending, "batches": b.batches}
+                name: {
+                    "pending": b.pending,
+                    "peak_pending": b.peak_pending,
+                    "batches": b.batches,
+                    "slots_in_use": b.slots[0],
+                    "slots": b.slots[1],
+                }
                 for name, b in self.batchers.items()
             },
             "models": {

@@ -429,3 +429,39 @@ def test_stop_fails_studies_it_cannot_run_and_refuses_new_ones(
     assert isinstance(study.error, EngineError)
     with pytest.raises(EngineError, match="stopped"):
         BatchingEngine(batcher, ROUTINE, 0.0).infer(labelled(2, 1))
+
+
+def test_a_study_larger_than_the_arena_goes_through_and_every_slot_comes_back(
+    engine: FixedLatencyEngine,
+) -> None:
+    batcher = make_batcher(
+        ThreadDispatch(engine), max_batch_size=4, max_pending=4, max_queue_delay_ms=1.0
+    )
+    assert batcher.slots == (0, 4 + (2 + 1) * 4)  # max_pending + (batch capacity + 1) batches
+    studies = [Study(batcher, k, n, ROUTINE, float(k)) for k, n in enumerate((40, 3, 17))]
+    for study in studies:
+        study.join(30)
+        assert study.out is not None and np.array_equal(study.out, engine.infer(study.x))
+    wait_until(lambda: batcher.slots[0] == 0)
+    batcher.stop()
+
+
+def test_stop_removes_the_shared_memory_once_the_last_batch_is_back(
+    engine: FixedLatencyEngine,
+) -> None:
+    dispatch = ManualDispatch(engine)
+    batcher = make_batcher(dispatch)
+    (study,) = queue(batcher, (1, 4, ROUTINE, 0.0))
+    dispatch.grant()
+    dispatch.wait_sent(1)
+    ref = batcher._arena.ref if batcher._arena else None  # the names, to look for them
+    assert ref is not None
+    stopper = threading.Thread(target=batcher.stop)
+    stopper.start()
+    stopper.join(5)
+    shm = Path("/dev/shm")
+    assert not shm.is_dir() or (shm / ref.input_name).exists()  # a batch is still out
+    dispatch.complete(0)
+    study.join(5)
+    assert study.out is not None and np.array_equal(study.out, engine.infer(study.x))
+    assert not (shm / ref.input_name).exists() and not (shm / ref.output_name).exists()

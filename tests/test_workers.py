@@ -15,10 +15,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from imaging_ai import workers
 from imaging_ai.arena import SliceArena, SlotBatch
 from imaging_ai.batch import Batcher, BatchingConfig, BatchingEngine
 from imaging_ai.errors import EngineError, StartupError
 from imaging_ai.infer.base import BackendInfo, Engine, FloatArray
+from imaging_ai.infer.cuda_mem import CudaRuntime
+from imaging_ai.infer.cudart_fake import FakeCudart
 from imaging_ai.infer.fake import FixedLatencyBackend, FixedLatencyEngine
 from imaging_ai.modelcard import ModelCard
 from imaging_ai.workers import PoolConfig, WorkerPool, WorkerSpec, fake_backend, least_loaded
@@ -378,3 +381,32 @@ def test_workers_die_with_a_killed_daemon(tiny: TinyModel) -> None:
     parent.kill()  # SIGKILL: no atexit, no stop(); only PR_SET_PDEATHSIG or the poll can help
     parent.wait()
     wait_until(lambda: all(gone(pid) for pid in pids), timeout_s=10.0)
+
+
+def test_a_gpu_worker_page_locks_each_arena_once_and_unlocks_it_at_the_end(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    rt = FakeCudart()
+    monkeypatch.setattr(workers, "CudaRuntime", lambda: CudaRuntime(rt))
+    arena = SliceArena.create(4, SHAPE, (3, 16, 16))
+    ARENAS.append(arena)
+    mapped = workers._Arenas(page_lock=True)
+    first = mapped.get(arena.ref)
+    assert mapped.get(arena.ref) is first
+    assert sorted(rt.registered.values()) == sorted([first.inputs.nbytes, first.outputs.nbytes])
+    mapped.close()
+    assert rt.registered == {}
+
+
+def test_a_worker_without_cuda_python_copies_from_unlocked_slots(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def missing() -> CudaRuntime:
+        raise EngineError("cuda-python is not installed")
+
+    monkeypatch.setattr(workers, "CudaRuntime", missing)
+    arena = SliceArena.create(4, SHAPE, (3, 16, 16))
+    ARENAS.append(arena)
+    mapped = workers._Arenas(page_lock=True)
+    assert mapped.get(arena.ref).capacity == 4
+    mapped.close()

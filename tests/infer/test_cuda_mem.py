@@ -69,3 +69,24 @@ def test_device_identity_and_count() -> None:
 )
 def test_no_cuda_python_means_no_gpu() -> None:
     assert gpu_count() == 0
+
+
+def test_registered_host_memory_copies_by_address_and_unregistered_is_refused() -> None:
+    rt = FakeCudart()
+    cuda = CudaRuntime(rt)
+    stream, device = cuda.create_stream(), cuda.alloc_device(64)
+    host = np.arange(16, dtype=np.float32)
+    back = np.zeros(16, np.float32)
+    with pytest.raises(EngineError, match="cudaMemcpyAsync H2D"):  # pageable: the fake refuses
+        cuda.copy_async(device.ptr, host.ctypes.data, 64, True, stream)
+    for array in (host, back):
+        cuda.host_register(array.ctypes.data, array.nbytes)
+    with pytest.raises(EngineError, match="cudaHostRegister"):
+        cuda.host_register(host.ctypes.data, host.nbytes)  # twice
+    cuda.copy_async(device.ptr, host.ctypes.data, 64, True, stream)
+    cuda.copy_async(back.ctypes.data, device.ptr, 64, False, stream)
+    stream.synchronize()
+    np.testing.assert_array_equal(back, host)
+    for array in (host, back):
+        cuda.host_unregister(array.ctypes.data)
+    assert rt.registered == {}

@@ -11,8 +11,17 @@ import pytest
 
 from imaging_ai.errors import EngineError
 from imaging_ai.infer.base import batch_sizes_up_to, pad_batch, padded_size
+from imaging_ai.infer.cuda_mem import CudaRuntime
+from imaging_ai.infer.cudart_fake import FakeCudart
 from imaging_ai.infer.fp16 import fp16_model_bytes
-from imaging_ai.infer.ort import OrtBackend, OrtOptions, provider_config
+from imaging_ai.infer.ort import (
+    GPU_CUDA_GRAPHS,
+    OrtBackend,
+    OrtOptions,
+    PieceCopier,
+    gpu_tuned,
+    provider_config,
+)
 from tests.infer.tiny_model import TinyModel
 
 
@@ -131,3 +140,39 @@ def test_fp16_conversion_keeps_float32_io_and_stays_close(tiny: TinyModel) -> No
     batch = tiny.batch(2)
     (out,) = session.run(None, {"image": batch})
     np.testing.assert_allclose(out, tiny.expected(batch), atol=5e-3)
+
+
+def test_io_binding_runs_a_batch_in_pieces_into_output_pieces(tiny: TinyModel) -> None:
+    engine = OrtBackend(OrtOptions(io_binding=True, max_batch_size=8)).load(tiny.card)
+    batch = tiny.batch(5, seed=3)
+    out = np.full((5, 3, 16, 16), np.nan, np.float32)
+    engine.infer_into([batch[:2], batch[2:]], [out[:2], out[2:]])  # type: ignore[attr-defined]
+    np.testing.assert_allclose(out, tiny.expected(batch), atol=1e-5)
+    with pytest.raises(ValueError, match="output piece"):
+        engine.infer_into([batch[:2]], [out[:3]])  # type: ignore[attr-defined]
+
+
+def test_piece_copier_moves_pieces_through_one_device_buffer() -> None:
+    rt = FakeCudart()
+    cuda = CudaRuntime(rt)
+    copier = PieceCopier(cuda, 0)
+    device = cuda.alloc_device(5 * 4 * 8)
+    host = np.arange(40, dtype=np.float32).reshape(5, 8)
+    back = np.zeros_like(host)
+    for array in (host, back):
+        cuda.host_register(array.ctypes.data, array.nbytes)
+    copier.to_device(device.ptr, [host[:2], host[2:]])
+    copier.to_host(device.ptr, [back[:3], back[3:]])
+    np.testing.assert_array_equal(back, host)
+    with pytest.raises(ValueError, match="C-contiguous"):
+        copier.to_host(device.ptr, [back[:, :4]])
+    copier.close()
+
+
+def test_the_daemon_runs_the_cuda_provider_with_io_binding_and_nhwc_for_fp16() -> None:
+    tuned = gpu_tuned(OrtOptions(provider="cuda", precision="fp16"))
+    assert tuned.io_binding and tuned.prefer_nhwc
+    assert tuned.cuda_graph == GPU_CUDA_GRAPHS
+    fp32 = gpu_tuned(OrtOptions(provider="cuda"))
+    assert fp32.io_binding and not fp32.prefer_nhwc
+    assert gpu_tuned(OrtOptions()) == OrtOptions()  # the CPU provider is left alone

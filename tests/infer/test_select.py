@@ -71,6 +71,13 @@ def test_make_backend_for_the_cpu(tmp_path: Path) -> None:
     assert be.options.intra_op_threads == 2
 
 
+def test_make_backend_for_onnxruntime_cuda_uses_the_tuned_gpu_options(tmp_path: Path) -> None:
+    env = Environment(False, True, 1, CUDA_EP)
+    be = make_backend("auto", tmp_path, env=env, ort_gpu=OrtOptions(precision="fp16"))
+    assert isinstance(be, OrtBackend) and be.name == "onnxruntime-cuda"
+    assert be.options.io_binding and be.options.prefer_nhwc and be.options.precision == "fp16"
+
+
 class BrokenGpuEngine:
     """A GPU engine that fails the way a driver fault or an OOM surfaces."""
 
@@ -155,3 +162,15 @@ def test_load_engine_wraps_gpu_engines_only(tiny: TinyModel) -> None:
     assert wrapped.info.fallbacks == 1
     plain = load_engine(OrtBackend(), tiny.card)
     assert not isinstance(plain, FallbackEngine)
+
+
+def test_a_failing_gpu_batch_in_pieces_is_rerun_on_the_cpu_into_the_same_pieces(
+    tiny: TinyModel,
+) -> None:
+    gpu = BrokenGpuEngine(EngineError("CUDA cudaMemcpyAsync failed: cudaErrorIllegalAddress"))
+    engine = FallbackEngine(gpu, cpu_engine(tiny), tiny.card)
+    batch = tiny.batch(4)
+    out = np.full((4, 3, 16, 16), np.nan, np.float32)
+    engine.infer_into([batch[:1], batch[1:]], [out[:1], out[1:]])
+    np.testing.assert_allclose(out, tiny.expected(batch), atol=1e-5)
+    assert gpu.calls == 1 and engine.stats.count == 1
