@@ -23,12 +23,14 @@ import itertools
 import logging
 import multiprocessing
 import os
+import queue
 import signal
 import sys
 import threading
 import time
 from collections import Counter, deque
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from multiprocessing.connection import Connection, wait
 from multiprocessing.process import BaseProcess
@@ -59,7 +61,9 @@ class WorkerSpec:
     for a FixedLatencyBackend. `factory`, a picklable callable (card, device) -> Engine, replaces
     both (tests). A CPU worker runs `onnxruntime-cpu` whatever the setting. `cuda_graphs` turns
     ONNX Runtime's CUDA graphs on where the GPU default (`infer.ort.GPU_CUDA_GRAPHS`) has them
-    off (benchmarks).
+    off (benchmarks). `concurrency` is how many batches a GPU worker runs at once, each on its
+    own copy of the engines (own CUDA streams), so one batch's copies and Python overlap
+    another's kernels; a CPU worker runs one (its engine has threads of its own).
     """
 
     model_dirs: tuple[Path, ...]
@@ -70,6 +74,7 @@ class WorkerSpec:
     max_batch_size: int = 32
     factory: EngineFactory | None = None
     cuda_graphs: bool = False
+    concurrency: int = 1
 
 
 @dataclass(frozen=True)
@@ -222,6 +227,8 @@ def _worker_main(
         engines, cards = _load_engines(spec, device)
         # One warm-up slice per model also tells the parent how large outputs are.
         shapes = {n: e.infer(sample_batch(cards[n], 1)).shape[1:] for n, e in engines.items()}
+        copies = spec.concurrency if gpu is not None else 1
+        sets = [engines, *(_load_engines(spec, device)[0] for _ in range(copies - 1))]
     except Exception as exc:  # reported to the parent, which refuses to start or retries
         with contextlib.suppress(OSError):
             conn.send(_Failed(None, f"{type(exc).__name__}: {exc}", retry=False))
@@ -231,12 +238,32 @@ def _worker_main(
         conn.send(_Ready(infos, {n: tuple(s) for n, s in shapes.items()}))
     except OSError:  # the pool stopped while this worker loaded
         return
-    _serve(conn, engines, parent_pid)
+    _serve(conn, sets, parent_pid)
 
 
-def _serve(conn: Connection, engines: dict[str, Engine], parent_pid: int) -> None:
-    on_gpu = any(e.info.device.startswith("cuda") for e in engines.values())
+def _serve(conn: Connection, sets: list[dict[str, Engine]], parent_pid: int) -> None:
+    """Run tasks as they come, each on a free set of engines, until told to stop or orphaned."""
+    on_gpu = any(e.info.device.startswith("cuda") for e in sets[0].values())
     arenas = _Arenas(page_lock=on_gpu)
+    free: queue.SimpleQueue[dict[str, Engine]] = queue.SimpleQueue()
+    for engines in sets:
+        free.put(engines)
+    sending, clock = threading.Lock(), _BusyClock()
+
+    def run(task: _Task, engines: dict[str, Engine]) -> None:
+        try:
+            clock.start()
+            result = _run_task(task, engines, arenas, sets)
+            if isinstance(result, _Done):  # busy time counts once however many batches ran
+                result = replace(result, seconds=clock.stop())
+            else:
+                clock.stop()
+            with sending, contextlib.suppress(OSError):  # the parent is gone: nothing to tell
+                conn.send(result)
+        finally:
+            free.put(engines)
+
+    runners = ThreadPoolExecutor(len(sets), thread_name_prefix="batch")
     try:
         while os.getppid() == parent_pid:
             if not conn.poll(_PARENT_POLL_S):
@@ -244,13 +271,39 @@ def _serve(conn: Connection, engines: dict[str, Engine], parent_pid: int) -> Non
             task = conn.recv()
             if task is None:
                 return
-            conn.send(_run_task(task, engines, arenas))
+            runners.submit(run, task, free.get())  # waits while every set is busy
     except (EOFError, OSError):  # the parent is gone
         return
     finally:
+        runners.shutdown(wait=True)
         arenas.close()
-        for engine in engines.values():
-            engine.close()
+        for engines in sets:
+            for engine in engines.values():
+                engine.close()
+
+
+class _BusyClock:
+    """Time during which at least one batch ran, handed out in increments as batches end."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._running, self._since, self._total, self._told = 0, 0.0, 0.0, 0.0
+
+    def start(self) -> None:
+        with self._lock:
+            if self._running == 0:
+                self._since = time.perf_counter()
+            self._running += 1
+
+    def stop(self) -> float:
+        """End one batch; the busy seconds not yet handed out."""
+        with self._lock:
+            now = time.perf_counter()
+            self._total += now - self._since
+            self._since = now
+            self._running -= 1
+            delta, self._told = self._total - self._told, self._total
+            return delta
 
 
 class _Arenas:
@@ -262,14 +315,16 @@ class _Arenas:
         self._page_lock = page_lock
         self._locked: list[int] = []
         self._cuda: CudaRuntime | None = None
+        self._mutex = threading.Lock()
 
     def get(self, ref: ArenaRef) -> SliceArena:
-        arena = self._mapped.get(ref.input_name)
-        if arena is None:
-            arena = self._mapped[ref.input_name] = SliceArena.attach(ref)
-            if self._page_lock:
-                self._lock(arena)
-        return arena
+        with self._mutex:
+            arena = self._mapped.get(ref.input_name)
+            if arena is None:
+                arena = self._mapped[ref.input_name] = SliceArena.attach(ref)
+                if self._page_lock:
+                    self._lock(arena)
+            return arena
 
     def _lock(self, arena: SliceArena) -> None:
         try:
@@ -291,7 +346,9 @@ class _Arenas:
         self._mapped.clear()
 
 
-def _run_task(task: _Task, engines: dict[str, Engine], arenas: _Arenas) -> _Done | _Failed:
+def _run_task(
+    task: _Task, engines: dict[str, Engine], arenas: _Arenas, sets: list[dict[str, Engine]]
+) -> _Done | _Failed:
     started = time.perf_counter()
     try:
         pieces = arenas.get(task.arena).pieces(task.slots)
@@ -299,7 +356,7 @@ def _run_task(task: _Task, engines: dict[str, Engine], arenas: _Arenas) -> _Done
     except Exception as exc:  # the parent decides: retry elsewhere, or fail the batch's studies
         reason = f"{type(exc).__name__}: {exc}"
         return _Failed(task.job, reason, retry=isinstance(exc, EngineError | MemoryError))
-    fallbacks = sum(e.info.fallbacks for e in engines.values())
+    fallbacks = sum(e.info.fallbacks for each in sets for e in each.values())
     return _Done(task.job, time.perf_counter() - started, fallbacks)
 
 

@@ -20,7 +20,8 @@ nproc; free -g | head -2; df -h /dev/shm
 # The arenas need about 1.3 GB of /dev/shm; a small one would refuse to start (and is not the GPU).
 avail=$(df --output=avail -B1M /dev/shm | tail -1)
 if [ "${avail:-0}" -lt 8192 ]; then mount -o remount,size=16G /dev/shm && df -h /dev/shm; fi
-CUDA_VISIBLE_DEVICES=0 timeout 270 python3 scripts/device_lungseg_bench.py 2>&1 \
+CUDA_VISIBLE_DEVICES=0 timeout 240 python3 scripts/device_lungseg_bench.py 2>&1 \
     | grep -v "No registered plugin EP device" | tee "$OUT/lungseg-h200.log"
-timeout 250 python3 scripts/device_multi_gpu.py --graphs 0 1 2>&1 \
+timeout 230 python3 scripts/device_multi_gpu.py --configs graphs=0,conc=1,depth=2 \
+    graphs=0,conc=2,depth=3 graphs=1,conc=2,depth=3 2>&1 \
     | grep -v "No registered plugin EP device" | tee "$OUT/multi-gpu-h200x2.log"

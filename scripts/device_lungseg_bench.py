@@ -409,6 +409,7 @@ def main() -> int:
         ]
         for label, path, card, batches in plan:
             rows += model_rows(label, path, card, batches, args, cuda)
+            print(table([r for r in rows if r["model"] == label]), flush=True)
             out = os.environ.get("OUT")
             if out:
                 text = json.dumps({"gpu": gpu, "rows": rows}, indent=1, default=str)

@@ -3,18 +3,21 @@
 
 Run on a GPU machine from the repository root with onnxruntime-gpu on PYTHONPATH:
 
-    python3 scripts/device_multi_gpu.py --studies 96 --clients 16 --slices 300 --batch 64
+    python3 scripts/device_multi_gpu.py --studies 96 --clients 16 --slices 300 --batch 64 \
+        --configs graphs=0,conc=1,depth=2 graphs=0,conc=2,depth=3
 
 It uses the daemon's own pieces: `WorkerPool` (one worker process per GPU, ONNX Runtime CUDA as
-the daemon configures it, batches as slots of shared-memory arenas, two batches deep) and one
-`Batcher` per shipped model. `--clients` threads each take studies off a list and send their
-preprocessed slices through both models with `BatchingEngine`, as the processor does. Each pool
-first runs a short warm-up load (arenas mapped and page-locked, kernels chosen), then the timed
-load. Reported per run: slices/s through both models (a slice counts once per model), the
-scaling from one GPU to two, each worker's busy fraction over the timed window (time inside
-its batches), each GPU's utilisation from `nvidia-smi` sampled every 100 ms (time a kernel was
-running), and the daemon process's CPU use, to show where the limit is. With
-`--backend onnxruntime-cpu` (and `--gpus 1 2` meaning CPU workers) it is a dry run anywhere.
+the daemon configures it, batches as slots of shared-memory arenas) and one `Batcher` per
+shipped model; `--configs` varies CUDA graphs, how many batches a GPU worker runs at once
+(`WorkerSpec.concurrency`) and how many it holds (`PoolConfig.depth`). `--clients` threads each
+take studies off a list and send their preprocessed slices through both models with
+`BatchingEngine`, as the processor does. Each pool first runs a short warm-up load (arenas
+mapped and page-locked, kernels chosen), then the timed load. Reported per run: slices/s
+through both models (a slice counts once per model), the scaling from one GPU to two, each
+worker's busy fraction over the timed window (time with at least one batch running), each
+GPU's utilisation from `nvidia-smi` sampled every 100 ms (time a kernel was running), and the
+daemon process's CPU use, to show where the limit is. With `--backend onnxruntime-cpu` (and
+`--gpus 1 2` meaning CPU workers) it is a dry run anywhere.
 """
 
 from __future__ import annotations
@@ -133,7 +136,18 @@ def run_studies(
     return time.perf_counter() - started, spread[0]
 
 
-def run_load(gpus: int, args: argparse.Namespace, graphs: bool) -> dict[str, Any]:
+def parse_config(text: str) -> dict[str, int]:
+    """`graphs=0,conc=1,depth=2` as a dict (CUDA graphs, batches at once per GPU, depth)."""
+    config = {"graphs": 0, "conc": 1, "depth": 2}
+    for item in text.split(","):
+        key, value = item.split("=")
+        if key not in config:
+            raise SystemExit(f"--configs: unknown key {key!r} in {text!r}")
+        config[key] = int(value)
+    return config
+
+
+def run_load(gpus: int, args: argparse.Namespace, config: dict[str, int]) -> dict[str, Any]:
     """Warm up, then the timed load on `gpus` GPUs; figures of the timed window."""
     cards = [load_model_card(ROOT / "engines" / name) for name in ("lung-seg", "nodule-det")]
     spec = WorkerSpec(
@@ -142,11 +156,12 @@ def run_load(gpus: int, args: argparse.Namespace, graphs: bool) -> dict[str, Any
         data_dir=Path("/tmp/imaging-ai-data"),
         precision="fp16",
         max_batch_size=args.batch,
-        cuda_graphs=graphs,
+        cuda_graphs=bool(config["graphs"]),
+        concurrency=config["conc"],
     )
     on_cpu = args.backend == "onnxruntime-cpu"  # a dry run on a machine without a GPU
-    config = PoolConfig(gpus=0 if on_cpu else gpus, cpu_workers=gpus, depth=args.depth)
-    pool = WorkerPool(spec, config)
+    pool_config = PoolConfig(gpus=0 if on_cpu else gpus, cpu_workers=gpus, depth=config["depth"])
+    pool = WorkerPool(spec, pool_config)
     t0 = time.perf_counter()
     pool.start()
     knobs = BatchingConfig(
@@ -157,7 +172,8 @@ def run_load(gpus: int, args: argparse.Namespace, graphs: bool) -> dict[str, Any
         for b in batchers.values():
             b.start()
         start_s = time.perf_counter() - t0
-        return timed(pool, batchers, cards, args) | {"gpus": gpus, "start_s": round(start_s, 1)}
+        figures = timed(pool, batchers, cards, args)
+        return figures | {"gpus": gpus, "start_s": round(start_s, 1), "config": config}
     finally:
         for b in batchers.values():
             b.stop()
@@ -195,7 +211,6 @@ def timed(
             }
         )
     return {
-        "cuda_graphs": pool.spec.cuda_graphs,
         "batch": args.batch,
         "studies": args.studies,
         "slices": args.slices,
@@ -209,46 +224,62 @@ def timed(
     }
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    parser.add_argument("--studies", type=int, default=96)
-    parser.add_argument("--clients", type=int, default=16, help="studies in flight at once")
-    parser.add_argument("--slices", type=int, default=300)
-    parser.add_argument("--batch", type=int, default=64)
-    parser.add_argument("--depth", type=int, default=2, help="batches in flight per worker")
-    parser.add_argument("--max-pending", type=int, default=1024)
-    parser.add_argument("--gpus", type=int, nargs="+", default=[1, 2])
-    parser.add_argument("--graphs", type=int, nargs="+", default=[0], help="0: off, 1: on")
-    parser.add_argument("--backend", default="onnxruntime-cuda")
-    args = parser.parse_args()
-    rows = []
-    out = os.environ.get("OUT")
-    for graphs in args.graphs:
-        for g in args.gpus:
-            rows.append(run_load(g, args, bool(graphs)))
-            print(json.dumps(rows[-1]), flush=True)
-            if out:
-                Path(out, "device_multi_gpu.json").write_text(json.dumps(rows, indent=1))
-    print(f"{'graphs':>6} {'GPUs':>4} {'seconds':>8} {'slices/s':>9} {'parent CPU':>10}  workers")
+def label(config: dict[str, int]) -> str:
+    graphs = "on" if config["graphs"] else "off"
+    return f"graphs {graphs}, {config['conc']} at once, depth {config['depth']}"
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    """Slices/s, parent CPU, busy and utilisation per run; the scaling per configuration."""
+    lines = [f"{'configuration':<34} {'GPUs':>4} {'s':>6} {'slices/s':>9} {'parent':>6}  workers"]
     for r in rows:
         util = r["gpu_util"] or ["-"] * len(r["workers"])
         busy = ", ".join(
             f"{w['device']} busy {w['busy']:.0%} util {u if isinstance(u, str) else f'{u:.0%}'}"
             for w, u in zip(r["workers"], util, strict=False)
         )
-        graphs = "on" if r["cuda_graphs"] else "off"
-        print(
-            f"{graphs:>6} {r['gpus']:>4} {r['seconds']:>8.2f} {r['slices_per_s']:>9.1f} "
-            f"{r['parent_cpu_cores']:>10.2f}  {busy}"
+        lines.append(
+            f"{label(r['config']):<34} {r['gpus']:>4} {r['seconds']:>6.2f} "
+            f"{r['slices_per_s']:>9.0f} {r['parent_cpu_cores']:>6.2f}  {busy}"
         )
-    for graphs in sorted({r["cuda_graphs"] for r in rows}):
-        same = [r for r in rows if r["cuda_graphs"] == graphs]
+    for key in dict.fromkeys(label(r["config"]) for r in rows):
+        same = [r for r in rows if label(r["config"]) == key]
         if len(same) >= 2:
             ratio = same[-1]["slices_per_s"] / same[0]["slices_per_s"]
-            print(
-                f"headline (graphs {'on' if graphs else 'off'}): {same[-1]['gpus']} GPUs at "
-                f"{ratio:.2f}x {same[0]['gpus']} GPU"
-            )
+            lines.append(f"headline ({key}): {same[-1]['gpus']} GPUs at {ratio:.2f}x 1 GPU")
+    return "\n".join(lines)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--studies", type=int, default=96)
+    parser.add_argument("--clients", type=int, default=16, help="studies in flight at once")
+    parser.add_argument("--slices", type=int, default=300)
+    parser.add_argument("--batch", type=int, default=64)
+    parser.add_argument("--max-pending", type=int, default=1024)
+    parser.add_argument("--gpus", type=int, nargs="+", default=[1, 2])
+    parser.add_argument(
+        "--configs",
+        nargs="+",
+        default=["graphs=0,conc=1,depth=2"],
+        help="graphs=0|1 (CUDA graphs), conc=N (batches at once per GPU), depth=N (in flight)",
+    )
+    parser.add_argument("--backend", default="onnxruntime-cuda")
+    args = parser.parse_args()
+    rows = []
+    out = os.environ.get("OUT")
+    for text in args.configs:
+        config = parse_config(text)
+        for g in args.gpus:
+            try:
+                rows.append(run_load(g, args, config))
+            except Exception as exc:  # e.g. a model that cannot be captured in a CUDA graph
+                print(f"{g} GPU(s), {text}: FAILED {type(exc).__name__}: {exc}", flush=True)
+                continue
+            print(json.dumps(rows[-1]), flush=True)
+            if out:
+                Path(out, "device_multi_gpu.json").write_text(json.dumps(rows, indent=1))
+    print(table(rows))
     return 0
 
 

@@ -52,6 +52,8 @@ class Faulty:
     marker: Path
 
     def __call__(self, card: ModelCard, device: str) -> Engine:
+        if self.mode == "gate":
+            self.marker.parent.joinpath(f"loaded-{os.getpid()}-{time.monotonic_ns()}").touch()
         if self.mode == "fail-load":
             raise EngineError("cannot load the model (test)")
         return FaultyEngine(FixedLatencyBackend(0.0).load(card), self, device)
@@ -74,6 +76,7 @@ class FaultyEngine:
     def infer(self, batch: FloatArray) -> FloatArray:
         mode, marker = self.factory.mode, self.factory.marker
         if mode == "gate" and len(batch) > 1:
+            marker.parent.joinpath(f"running-{threading.get_ident()}").touch()
             while not marker.exists():
                 time.sleep(0.005)
         if TRIGGER in batch:
@@ -410,3 +413,25 @@ def test_a_worker_without_cuda_python_copies_from_unlocked_slots(
     mapped = workers._Arenas(page_lock=True)
     assert mapped.get(arena.ref).capacity == 4
     mapped.close()
+
+
+def test_a_gpu_worker_runs_batches_at_once_on_copies_of_its_engines(
+    tiny: TinyModel, tmp_path: Path, pools: list[WorkerPool]
+) -> None:
+    gate = tmp_path / "gates" / "open"
+    gate.parent.mkdir()
+    spec = WorkerSpec((tiny.card.folder,), factory=Faulty("gate", gate), concurrency=2)
+    pool = WorkerPool(spec, PoolConfig(gpus=1, depth=2))
+    pool.start()
+    pools.append(pool)
+    assert len(list(gate.parent.glob("loaded-*"))) == 2  # one set of engines per batch at once
+    results = Results(pool)
+    submit(pool, results, "a", batch(1.0, 2.0))
+    submit(pool, results, "b", batch(3.0, 4.0))
+    wait_until(lambda: len(list(gate.parent.glob("running-*"))) == 2)  # both, before either ends
+    gate.touch()
+    a, b = results.wait("a", "b")
+    assert isinstance(a, np.ndarray) and float(a[1, 0, 0, 0]) == 2.0
+    assert isinstance(b, np.ndarray) and float(b[0, 0, 0, 0]) == 3.0
+    (status,) = pool.status()
+    assert status.batches_done == 2 and 0 < status.busy_s < 30
