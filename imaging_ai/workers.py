@@ -21,6 +21,7 @@ import ctypes
 import heapq
 import itertools
 import logging
+import math
 import multiprocessing
 import os
 import queue
@@ -36,12 +37,21 @@ from multiprocessing.connection import Connection, wait
 from multiprocessing.process import BaseProcess
 from pathlib import Path
 
+import numpy as np
+
 from imaging_ai import faults
 from imaging_ai.arena import ArenaRef, SliceArena, SlotBatch
 from imaging_ai.batch import BatchCallback, Priority
 from imaging_ai.errors import EngineError, StartupError
-from imaging_ai.infer.base import BackendInfo, Engine, infer_into, sample_batch
-from imaging_ai.infer.cuda_mem import CudaRuntime
+from imaging_ai.infer.base import (
+    BackendInfo,
+    Engine,
+    FloatArray,
+    infer_into,
+    sample_batch,
+    write_pieces,
+)
+from imaging_ai.infer.cuda_mem import CudaRuntime, PinnedBuffer
 from imaging_ai.infer.fake import FixedLatencyBackend
 from imaging_ai.modelcard import ModelCard, load_model_card
 
@@ -51,6 +61,7 @@ EngineFactory = Callable[[ModelCard, str], Engine]
 _PARENT_POLL_S = 0.5
 _TICK_S = 0.1
 _PR_SET_PDEATHSIG = 1
+Pieces = tuple[FloatArray, FloatArray]
 
 
 @dataclass(frozen=True)
@@ -63,7 +74,10 @@ class WorkerSpec:
     ONNX Runtime's CUDA graphs on where the GPU default (`infer.ort.GPU_CUDA_GRAPHS`) has them
     off (benchmarks). `concurrency` is how many batches a GPU worker runs at once, each on its
     own copy of the engines (own CUDA streams), so one batch's copies and Python overlap
-    another's kernels; a CPU worker runs one (its engine has threads of its own).
+    another's kernels; a CPU worker runs one (its engine has threads of its own). CUDA graphs
+    need one at a time: a capture in one thread breaks CUDA calls in the others. With
+    `staged_copies` a GPU worker copies each batch through page-locked buffers of its own
+    instead of page-locking the shared slots.
     """
 
     model_dirs: tuple[Path, ...]
@@ -75,6 +89,13 @@ class WorkerSpec:
     factory: EngineFactory | None = None
     cuda_graphs: bool = False
     concurrency: int = 1
+    staged_copies: bool = False
+
+    def __post_init__(self) -> None:
+        if self.concurrency < 1:
+            raise ValueError(f"concurrency = {self.concurrency}: expected >= 1")
+        if self.cuda_graphs and self.concurrency > 1:
+            raise ValueError("CUDA graphs need concurrency = 1: a capture breaks other threads")
 
 
 @dataclass(frozen=True)
@@ -238,22 +259,22 @@ def _worker_main(
         conn.send(_Ready(infos, {n: tuple(s) for n, s in shapes.items()}))
     except OSError:  # the pool stopped while this worker loaded
         return
-    _serve(conn, sets, parent_pid)
+    _serve(conn, sets, parent_pid, spec.staged_copies)
 
 
-def _serve(conn: Connection, sets: list[dict[str, Engine]], parent_pid: int) -> None:
+def _serve(conn: Connection, sets: list[dict[str, Engine]], parent_pid: int, staged: bool) -> None:
     """Run tasks as they come, each on a free set of engines, until told to stop or orphaned."""
     on_gpu = any(e.info.device.startswith("cuda") for e in sets[0].values())
-    arenas = _Arenas(page_lock=on_gpu)
-    free: queue.SimpleQueue[dict[str, Engine]] = queue.SimpleQueue()
+    arenas = _Arenas(page_lock=on_gpu and not staged)
+    free: queue.SimpleQueue[_Runner] = queue.SimpleQueue()
     for engines in sets:
-        free.put(engines)
+        free.put(_Runner(engines, _Staging() if on_gpu and staged else None))
     sending, clock = threading.Lock(), _BusyClock()
 
-    def run(task: _Task, engines: dict[str, Engine]) -> None:
+    def run(task: _Task, runner: _Runner) -> None:
         try:
             clock.start()
-            result = _run_task(task, engines, arenas, sets)
+            result = _run_task(task, runner, arenas, sets)
             if isinstance(result, _Done):  # busy time counts once however many batches ran
                 result = replace(result, seconds=clock.stop())
             else:
@@ -261,7 +282,7 @@ def _serve(conn: Connection, sets: list[dict[str, Engine]], parent_pid: int) -> 
             with sending, contextlib.suppress(OSError):  # the parent is gone: nothing to tell
                 conn.send(result)
         finally:
-            free.put(engines)
+            free.put(runner)
 
     runners = ThreadPoolExecutor(len(sets), thread_name_prefix="batch")
     try:
@@ -277,6 +298,10 @@ def _serve(conn: Connection, sets: list[dict[str, Engine]], parent_pid: int) -> 
     finally:
         runners.shutdown(wait=True)
         arenas.close()
+        while not free.empty():
+            runner = free.get()
+            if runner.staging is not None:
+                runner.staging.close()
         for engines in sets:
             for engine in engines.values():
                 engine.close()
@@ -346,13 +371,69 @@ class _Arenas:
         self._mapped.clear()
 
 
+@dataclass
+class _Runner:
+    """One set of engines and, in staged mode, its page-locked buffers: one batch at a time."""
+
+    engines: dict[str, Engine]
+    staging: _Staging | None
+
+
+class _Staging:
+    """Page-locked input and output buffers per model, for batches copied through them."""
+
+    def __init__(self) -> None:
+        self._buffers: dict[str, tuple[FloatArray, FloatArray]] = {}
+        self._pinned: list[PinnedBuffer] = []
+        self._cuda: CudaRuntime | None = None
+
+    def run(self, model: str, engine: Engine, ref: ArenaRef, pieces: list[Pieces]) -> None:
+        """Gather the pieces, run them as one batch, scatter the outputs back."""
+        x, y = self._for(model, engine.max_batch_size, ref)
+        n = sum(len(a) for a, _ in pieces)
+        at = 0
+        for a, _ in pieces:
+            x[at : at + len(a)] = a
+            at += len(a)
+        infer_into(engine, [x[:n]], [y[:n]])
+        write_pieces(y[:n], [b for _, b in pieces])
+
+    def _for(self, model: str, size: int, ref: ArenaRef) -> tuple[FloatArray, FloatArray]:
+        if model not in self._buffers:
+            shapes = ((size, *ref.input_shape), (size, *ref.output_shape))
+            x, y = (self._array(shape) for shape in shapes)
+            self._buffers[model] = (x, y)
+        return self._buffers[model]
+
+    def _array(self, shape: tuple[int, ...]) -> FloatArray:
+        try:
+            self._cuda = self._cuda or CudaRuntime()
+            self._pinned.append(self._cuda.alloc_pinned(4 * math.prod(shape)))
+        except EngineError as exc:  # still correct, only the copies are staged by the driver
+            log.warning("staging buffers not page-locked: %s", exc)
+            return np.empty(shape, np.float32)
+        array: FloatArray = self._pinned[-1].array(np.float32, shape)
+        return array
+
+    def close(self) -> None:
+        self._buffers.clear()
+        for buffer in self._pinned:
+            with contextlib.suppress(EngineError):
+                buffer.close()
+
+
 def _run_task(
-    task: _Task, engines: dict[str, Engine], arenas: _Arenas, sets: list[dict[str, Engine]]
+    task: _Task, runner: _Runner, arenas: _Arenas, sets: list[dict[str, Engine]]
 ) -> _Done | _Failed:
     started = time.perf_counter()
     try:
-        pieces = arenas.get(task.arena).pieces(task.slots)
-        infer_into(engines[task.model], [x for x, _ in pieces], [y for _, y in pieces])
+        arena = arenas.get(task.arena)
+        pieces = arena.pieces(task.slots)
+        engine = runner.engines[task.model]
+        if runner.staging is not None:
+            runner.staging.run(task.model, engine, arena.ref, pieces)
+        else:
+            infer_into(engine, [x for x, _ in pieces], [y for _, y in pieces])
     except Exception as exc:  # the parent decides: retry elsewhere, or fail the batch's studies
         reason = f"{type(exc).__name__}: {exc}"
         return _Failed(task.job, reason, retry=isinstance(exc, EngineError | MemoryError))

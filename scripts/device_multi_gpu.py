@@ -138,7 +138,7 @@ def run_studies(
 
 def parse_config(text: str) -> dict[str, int]:
     """`graphs=0,conc=1,depth=2` as a dict (CUDA graphs, batches at once per GPU, depth)."""
-    config = {"graphs": 0, "conc": 1, "depth": 2}
+    config = {"graphs": 0, "conc": 1, "depth": 2, "staged": 0}
     for item in text.split(","):
         key, value = item.split("=")
         if key not in config:
@@ -158,6 +158,7 @@ def run_load(gpus: int, args: argparse.Namespace, config: dict[str, int]) -> dic
         max_batch_size=args.batch,
         cuda_graphs=bool(config["graphs"]),
         concurrency=config["conc"],
+        staged_copies=bool(config["staged"]),
     )
     on_cpu = args.backend == "onnxruntime-cpu"  # a dry run on a machine without a GPU
     pool_config = PoolConfig(gpus=0 if on_cpu else gpus, cpu_workers=gpus, depth=config["depth"])
@@ -226,12 +227,13 @@ def timed(
 
 def label(config: dict[str, int]) -> str:
     graphs = "on" if config["graphs"] else "off"
-    return f"graphs {graphs}, {config['conc']} at once, depth {config['depth']}"
+    staged = ", staged" if config.get("staged") else ""
+    return f"graphs {graphs}, {config['conc']} at once, depth {config['depth']}{staged}"
 
 
 def table(rows: list[dict[str, Any]]) -> str:
     """Slices/s, parent CPU, busy and utilisation per run; the scaling per configuration."""
-    lines = [f"{'configuration':<34} {'GPUs':>4} {'s':>6} {'slices/s':>9} {'parent':>6}  workers"]
+    lines = [f"{'configuration':<42} {'GPUs':>4} {'s':>6} {'slices/s':>9} {'parent':>6}  workers"]
     for r in rows:
         util = r["gpu_util"] or ["-"] * len(r["workers"])
         busy = ", ".join(
@@ -239,7 +241,7 @@ def table(rows: list[dict[str, Any]]) -> str:
             for w, u in zip(r["workers"], util, strict=False)
         )
         lines.append(
-            f"{label(r['config']):<34} {r['gpus']:>4} {r['seconds']:>6.2f} "
+            f"{label(r['config']):<42} {r['gpus']:>4} {r['seconds']:>6.2f} "
             f"{r['slices_per_s']:>9.0f} {r['parent_cpu_cores']:>6.2f}  {busy}"
         )
     for key in dict.fromkeys(label(r["config"]) for r in rows):
@@ -262,7 +264,8 @@ def main() -> int:
         "--configs",
         nargs="+",
         default=["graphs=0,conc=1,depth=2"],
-        help="graphs=0|1 (CUDA graphs), conc=N (batches at once per GPU), depth=N (in flight)",
+        help="graphs=0|1 (CUDA graphs), conc=N (batches at once per GPU), depth=N (in flight), "
+        "staged=0|1 (copies through the worker's page-locked buffers)",
     )
     parser.add_argument("--backend", default="onnxruntime-cuda")
     args = parser.parse_args()

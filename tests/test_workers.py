@@ -435,3 +435,28 @@ def test_a_gpu_worker_runs_batches_at_once_on_copies_of_its_engines(
     assert isinstance(b, np.ndarray) and float(b[0, 0, 0, 0]) == 3.0
     (status,) = pool.status()
     assert status.batches_done == 2 and 0 < status.busy_s < 30
+
+
+def test_staged_copies_gather_a_batch_into_page_locked_buffers_and_scatter_it_back(
+    monkeypatch: pytest.MonkeyPatch, reference: FixedLatencyEngine
+) -> None:
+    rt = FakeCudart()
+    monkeypatch.setattr(workers, "CudaRuntime", lambda: CudaRuntime(rt))
+    arena = SliceArena.create(8, SHAPE, (3, 16, 16))
+    ARENAS.append(arena)
+    arena.inputs[...] = np.random.default_rng(0).random((8, *SHAPE), dtype=np.float32)
+    slots = (5, 6, 0, 1, 2)
+    staging = workers._Staging()
+    staging.run("tiny", reference, arena.ref, arena.pieces(slots))
+    expected = reference.infer(arena.inputs[list(slots)])
+    np.testing.assert_array_equal(arena.outputs[list(slots)], expected)
+    assert len(rt.pinned_mem) == 2  # one input and one output buffer, reused
+    staging.run("tiny", reference, arena.ref, arena.pieces((3,)))
+    assert len(rt.pinned_mem) == 2
+    staging.close()
+    assert rt.leaks()["pinned"] == 0
+
+
+def test_cuda_graphs_need_one_batch_at_a_time(tiny: TinyModel) -> None:
+    with pytest.raises(ValueError, match="CUDA graphs need concurrency = 1"):
+        WorkerSpec((tiny.card.folder,), cuda_graphs=True, concurrency=2)
