@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 CONFIG ?= deploy/imaging-ai.dev.toml
 DEB_TEST_PACKAGES := dcmtk dicom3tools postgresql orthanc chromium chromium-driver prometheus
 
-.PHONY: install run test lint typecheck pytest deps-system clean bench-ingest demo
+.PHONY: install run test lint typecheck pytest deps-system clean bench-ingest soak demo
 
 install: $(STAMP)
 
@@ -49,6 +49,12 @@ bench-ingest: install deps-system
 # Orthanc; prints where to look and keeps running until Ctrl-C (DEMO_ARGS=--once to stop).
 demo: install deps-system
 	$(BIN)/python scripts/demo.py $(DEMO_ARGS)
+
+# The long reliability runs (tests/reliability, marker slow; docs/reliability.md): a kill at each
+# stage boundary, 30 s without the database, PACS and RIS down for minutes, a hung worker, 300 s
+# of fuzzing, 2 minutes of 8 senders, a few hundred studies. Each prints its figures.
+soak: install deps-system
+	IMAGING_AI_FUZZ_SECONDS=300 $(BIN)/pytest -q -s -m slow tests/reliability
 
 clean:
 	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache

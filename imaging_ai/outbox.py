@@ -117,12 +117,13 @@ class Outbox:
         self._thread = threading.Thread(target=self._run, name="outbox", daemon=True)
         self._thread.start()
 
-    def stop(self) -> None:
-        """Stop after the current send; pending rows stay for the next start."""
+    def stop(self, timeout_s: float = 60.0) -> None:
+        """Stop after the current send (waiting ``timeout_s`` at most); pending rows, and a
+        send cut short, stay for the next start."""
         self._stop.set()
         self._wake.set()
         if self._thread is not None:
-            self._thread.join(timeout=60)
+            self._thread.join(timeout=timeout_s)
 
     def _run(self) -> None:
         while not self._stop.is_set():
@@ -161,6 +162,7 @@ class Outbox:
             )
             for row in due:
                 row.next_try_at = now + self.send_lease
+            s.flush()  # the lease must reach the database: expunged rows are never flushed
             s.expunge_all()
         return due
 

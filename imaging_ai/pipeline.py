@@ -8,6 +8,7 @@ import os
 import signal
 import socket
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from types import FrameType
@@ -34,6 +35,12 @@ from imaging_ai.web.app import WebContext, create_app, database_ready, tls_optio
 from imaging_ai.web.auth import TokenStore
 
 log = logging.getLogger(__name__)
+
+# The whole graceful shutdown, from the first SIGTERM: under systemd's TimeoutStopSec (60 s in
+# deploy/imaging-ai.service), past which the unit is killed without the steps below.
+SHUTDOWN_S = 45.0
+# Kept back from the study in hand for the steps after it (workers, outbox, database).
+_AFTER_PROCESSING_S = 10.0
 
 
 class _Server(uvicorn.Server):
@@ -76,6 +83,7 @@ class Daemon:
         )
         self.http: _Server | None = None
         self._stopping = threading.Event()
+        self._shutdown_by = 0.0  # time.monotonic() by which the shutdown should be over
 
     def start(self) -> None:
         """Check everything that can fail, then open the ports.
@@ -240,6 +248,7 @@ class Daemon:
         """Begin the documented shutdown; returns at once."""
         if self._stopping.is_set():
             return
+        self._shutdown_by = time.monotonic() + SHUTDOWN_S
         self._stopping.set()
         log.info("shutting down: no new associations")
         self.receivers.stop()
@@ -247,16 +256,26 @@ class Daemon:
             self.http.should_exit = True
 
     def close(self) -> None:
-        """Finish the shutdown after serving has stopped."""
+        """Finish the shutdown after serving has stopped, within SHUTDOWN_S of its start.
+
+        The study in hand gets what is left less _AFTER_PROCESSING_S; if it has not finished
+        by then it goes back to the queue, and its batches still on a worker are not waited
+        for (the next start runs the study again, with the same result UIDs).
+        """
         self.receivers.stop()
         self.assembler.stop()
         if self.processor is not None:
-            self.processor.stop()
+            self.processor.stop(timeout_s=max(1.0, self._time_left() - _AFTER_PROCESSING_S))
+            self.processor.engines.pool.stop(timeout_s=self._time_left() / 2)
             self.processor.engines.stop()
-        self.outbox.stop()
+        self.outbox.stop(timeout_s=self._time_left())
         self.models.stop()
         self.engine.dispose()
         log.info("imaging-ai stopped")
+
+    def _time_left(self) -> float:
+        """Seconds left of the shutdown's budget; at least one for each step."""
+        return max(1.0, self._shutdown_by - time.monotonic())
 
     def install_signal_handlers(self) -> None:
         """SIGTERM/SIGINT: graceful shutdown; a second one exits at once."""

@@ -216,11 +216,15 @@ class Processor:
         )
 
     def _fail(self, claim: Claim, reason: str) -> None:
-        log.error("study %d failed: %s", claim.study_id, reason)
         now: datetime = utcnow()
         with self.sessions() as s, s.begin():
             job, study = s.get(Job, claim.job_id), s.get(Study, claim.study_id)
             assert job is not None and study is not None
+            if job.state != "processing" or job.node != self.scheduler.node:
+                # Given back meanwhile (shutdown, or a lease lost): not ours to fail.
+                log.warning("job %d no longer ours; not marked failed", claim.job_id)
+                return
+            log.error("study %d failed: %s", claim.study_id, reason)
             job.state, job.finished_at, job.lease_until, job.error = "failed", now, None, reason
             study.state, study.error = "failed", reason
 

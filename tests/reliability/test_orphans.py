@@ -6,16 +6,16 @@ from __future__ import annotations
 
 import os
 import subprocess
-from datetime import timedelta
+from datetime import UTC, timedelta
 from pathlib import Path
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from imaging_ai.config import Config, StorageConfig
-from imaging_ai.db.models import Job, Study
+from imaging_ai.config import Config, OutputsConfig, PacsDestination, StorageConfig
+from imaging_ai.db.models import Delivery, Job, Study
 from imaging_ai.db.session import make_engine, session_factory, upgrade, utcnow
-from imaging_ai.outbox import Outbox
+from imaging_ai.outbox import Outbox, Payload
 from imaging_ai.schedule import Scheduler
 
 
@@ -87,4 +87,34 @@ def test_send_lease_follows_the_job_lease(tmp_path: Path) -> None:
     assert default.send_lease == timedelta(seconds=180)  # as before the lease was configurable
     short = Config(storage=StorageConfig(job_lease_s=10.0))
     assert Outbox(session_factory(engine), short, tmp_path).send_lease == timedelta(seconds=15)
+    engine.dispose()
+
+
+def test_a_claimed_delivery_holds_its_send_lease_in_the_database(tmp_path: Path) -> None:
+    """Two nodes (or a restarted one) must not take a row another is sending: the lease has to
+    be in the database, not only on the claiming process's copy of the row."""
+    engine = make_engine(f"sqlite:///{tmp_path / 'db.sqlite3'}")
+    upgrade(engine)
+    config = Config(
+        storage=StorageConfig(job_lease_s=10.0),
+        outputs=OutputsConfig(pacs=(PacsDestination("PACS", "127.0.0.1", 104),)),
+    )
+    outbox = Outbox(session_factory(engine), config, tmp_path)
+    (tmp_path / "seg.dcm").write_bytes(b"")
+    now = utcnow()
+    with Session(engine) as s, s.begin():
+        study = Study(
+            study_instance_uid="1.2.9", state="processing", received_at=now, last_instance_at=now
+        )
+        s.add(study)
+        s.flush()
+        outbox.enqueue(s, study, [Payload("seg", tmp_path / "seg.dcm", "1.2.9.1")], now)
+    claimed_at = utcnow()
+    assert len(outbox._claim_due(claimed_at)) == 1
+    other_node = Outbox(session_factory(engine), config, tmp_path)
+    assert other_node._claim_due(claimed_at + timedelta(seconds=14)) == []
+    with Session(engine) as s:
+        [lease] = s.scalars(select(Delivery.next_try_at)).all()
+    assert lease.replace(tzinfo=UTC) == claimed_at + timedelta(seconds=15)
+    assert len(other_node._claim_due(claimed_at + timedelta(seconds=16))) == 1  # sender died
     engine.dispose()

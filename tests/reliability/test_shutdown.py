@@ -10,10 +10,12 @@ import time
 from pathlib import Path
 
 import pydicom
+import pytest
 from pynetdicom import AE
 from pynetdicom.sop_class import Verification  # type: ignore[attr-defined]
 
 from imaging_ai.bench.harness import CALLED_AE
+from imaging_ai.pipeline import SHUTDOWN_S
 from tests.conftest import wait_until
 from tests.reliability.conftest import (
     FAST_ASSEMBLY,
@@ -102,4 +104,35 @@ def test_second_sigterm_exits_at_once_and_loses_nothing(
         wait_until(lambda: not Path(f"/proc/{worker}").exists(), timeout_s=10)
         finishes_once_after_restart(daemon, uid)
     finally:
+        daemon.stop()
+
+
+@pytest.mark.slow
+def test_sigterm_with_a_hung_worker_exits_within_the_budget_and_requeues(
+    tmp_path: Path, small_studies: Studies
+) -> None:
+    """The study in hand cannot finish (its worker is stopped): the daemon gives it back to the
+    queue and exits within pipeline.SHUTDOWN_S, not after every step's own 60 s."""
+    files = small_studies[1]
+    uid = str(pydicom.dcmread(files[0], stop_before_pixels=True).StudyInstanceUID)
+    daemon = FaultDaemon(tmp_path / "daemon", FAST_ASSEMBLY)
+    daemon.start()
+    assert daemon.proc is not None
+    engine = daemon.database()
+    try:
+        [worker] = inference_workers(daemon.proc.pid)
+        os.kill(worker, signal.SIGSTOP)
+        daemon.send(files)
+        wait_until(lambda: unread_bytes(worker) > 0, timeout_s=30, interval_s=0.2)
+        sent = time.monotonic()
+        daemon.proc.send_signal(signal.SIGTERM)
+        code = daemon.proc.wait(STOP_BOUND_S)
+        took = time.monotonic() - sent
+        print(f"\nSIGTERM with the study's worker hung: exit {code} after {took:.1f} s")
+        assert code == 0 and took < SHUTDOWN_S + 10
+        [job] = outcome(engine, uid).jobs
+        assert job.state == "queued" and "daemon stopped while processing" in job.notes
+        finishes_once_after_restart(daemon, uid)
+    finally:
+        engine.dispose()
         daemon.stop()
