@@ -13,6 +13,7 @@ import json
 import urllib.error
 import urllib.parse
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -88,13 +89,22 @@ class StudyResults:
 
 
 class Hospital:
-    """Orthanc, a stand-in RIS and the daemon, started together and stopped together."""
+    """Orthanc, a stand-in RIS and the daemon, started together and stopped together.
 
-    def __init__(self, root: Path, options: HospitalOptions | None = None) -> None:
+    ``pacs`` makes the PACS: `OrthancPacs`, or anything with its methods that this class uses
+    (the device script brings a pynetdicom one where no Orthanc is installed).
+    """
+
+    def __init__(
+        self,
+        root: Path,
+        options: HospitalOptions | None = None,
+        pacs: Callable[[Path, str, int], OrthancPacs] = OrthancPacs,
+    ) -> None:
         self.options = options or HospitalOptions()
         daemon_port = free_port()
         self.ris_port = free_port()
-        self.orthanc = OrthancPacs(root / "orthanc", CALLED_AE, daemon_port)
+        self.orthanc = pacs(root / "orthanc", CALLED_AE, daemon_port)
         self.daemon = DaemonProcess(
             root / "daemon",
             self.options.daemon_toml(self.orthanc.dicom_port, self.ris_port),

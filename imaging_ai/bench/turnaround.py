@@ -17,11 +17,13 @@ import argparse
 import os
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 
 from imaging_ai.bench.harness import ENGINES_DIR
+from imaging_ai.bench.orthanc import OrthancPacs
 from imaging_ai.bench.schedule import make_study
 from imaging_ai.bench.stack import Hospital, HospitalOptions, study_identity
 from imaging_ai.bench.stages import StudyStages, label, read_stages
@@ -40,8 +42,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--plot", type=Path, help="write the stages of each study as PNG")
 
 
-def run(args: argparse.Namespace) -> int:
-    """Run the benchmark and print the table; the last line starts with headline:."""
+def run(
+    args: argparse.Namespace, pacs: Callable[[Path, str, int], OrthancPacs] = OrthancPacs
+) -> int:
+    """Run the benchmark and print the table; the last line starts with headline:.
+
+    ``pacs`` makes the PACS (see `Hospital`); Orthanc unless a script brings another.
+    """
     backend = os.environ.get("IMAGING_AI_ENGINES__BACKEND", "onnxruntime-cpu")
     with tempfile.TemporaryDirectory(prefix="imaging-ai-bench-turnaround-") as tmp:
         work = Path(tmp)
@@ -54,9 +61,9 @@ def run(args: argparse.Namespace) -> int:
         bare = bare_analysis(studies[0], backend)
         engines = f"max_batch_size = {args.batch}" if args.batch else ""
         options = HospitalOptions(args.idle, args.idle, 0.1, engines, log_level="WARNING")
-        with Hospital(work / "hospital", options) as hospital:
+        with Hospital(work / "hospital", options, pacs) as hospital:
             results = [_one(hospital, files, i, args) for i, files in enumerate(studies, start=1)]
-    _print(results, bare, backend, args)
+    _print(results, bare, f"{backend}, PACS {pacs.__name__}", args)
     if args.plot:
         from imaging_ai.bench.plots import turnaround_stages
 
@@ -111,13 +118,13 @@ def percentile(values: list[float], q: float) -> float:
     return float(np.percentile(np.asarray(values, dtype=float), q))
 
 
-def _print(results: list[StudyStages], bare: float, backend: str, args: argparse.Namespace) -> None:
+def _print(results: list[StudyStages], bare: float, setup: str, args: argparse.Namespace) -> None:
     print()
     print(
-        f"turnaround: {len(results)} studies of {args.slices} slices, one at a time, Orthanc "
-        f"pushing, {backend}, idle timers {args.idle:g} s"
+        f"turnaround: {len(results)} studies of {args.slices} slices, one at a time, pushed by "
+        f"the PACS; {setup}, idle timers {args.idle:g} s"
     )
-    print("from the last instance received to SEG+SR stored in Orthanc (p95 interpolated)")
+    print("from the last instance received to SEG+SR stored in PACS (p95 interpolated)")
     print(f"{'stage':<40} {'p50 s':>7} {'p95 s':>7} {'share':>6}")
     stages = list(dict.fromkeys(k for r in results for k in r.stages))
     total = sum(r.turnaround_s for r in results)
@@ -129,7 +136,7 @@ def _print(results: list[StudyStages], bare: float, backend: str, args: argparse
         )
     turnaround = [r.turnaround_s for r in results]
     reports = [r.report_s for r in results]
-    print(f"{'turnaround (SEG+SR in Orthanc)':<40} {percentile(turnaround, 50):>7.2f} "
+    print(f"{'turnaround (SEG+SR in PACS)':<40} {percentile(turnaround, 50):>7.2f} "
           f"{percentile(turnaround, 95):>7.2f}")  # fmt: skip
     print(f"{'report on the RIS API':<40} {percentile(reports, 50):>7.2f} "
           f"{percentile(reports, 95):>7.2f}")  # fmt: skip
