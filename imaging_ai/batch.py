@@ -300,7 +300,7 @@ class Batcher:
             Shared memory cannot hold the arena.
         """
         batch = self.config.max_batch_size
-        capacity = self.config.max_pending + (self._dispatch.batch_capacity() + 1) * batch
+        capacity = self.config.max_pending + self._dispatch.batch_capacity() * batch
         out_shape = tuple(self._dispatch.output_shape(self.model))
         self._arena = SliceArena.create(capacity, self._input_shape, out_shape)
         self._copier = ThreadPoolExecutor(self._copiers, thread_name_prefix=f"copy-{self.model}")

@@ -8,7 +8,8 @@ batch's inputs straight from its slots and writes the outputs into them, so only
 message is pickled per batch and the daemon process copies no pixel on the way.
 
 Batches go to the least-loaded worker, and `reserve` grants a batch only while a worker has fewer
-than `PoolConfig.depth` batches in flight, most urgent batcher first. A watchdog thread reads the
+than `PoolConfig.depth` batches in flight (a GPU worker `WorkerSpec.concurrency - 1` more, as it
+runs that many at once), most urgent batcher first. A watchdog thread reads the
 results, restarts a worker that dies or hangs, and retries its batches on the others; a GPU
 worker that keeps failing comes back on the CPU. Workers die with the daemon (PR_SET_PDEATHSIG,
 and a parent-PID poll), and `stop` drains the work in flight before it stops them.
@@ -88,7 +89,7 @@ class WorkerSpec:
     max_batch_size: int = 32
     factory: EngineFactory | None = None
     cuda_graphs: bool = False
-    concurrency: int = 1
+    concurrency: int = 2  # measured on two H200s: docs/benchmarks.md, "One GPU vs two"
     staged_copies: bool = False
 
     def __post_init__(self) -> None:
@@ -616,8 +617,12 @@ class WorkerPool:
             return self._out_shapes[model]
 
     def batch_capacity(self) -> int:
-        """Batches that can be reserved or running at once: `depth` per worker."""
-        return self.config.depth * max(1, len(self._workers))
+        """Batches that can be reserved or running at once, over every worker."""
+        return max(1, sum(self._depth(w) for w in self._workers))
+
+    def _depth(self, w: _Worker) -> int:
+        """Batches in flight on a worker: `depth`, plus the extra it runs at once on a GPU."""
+        return self.config.depth + (self.spec.concurrency - 1 if w.gpu is not None else 0)
 
     def reserve(self, priority: Priority, timeout_s: float) -> bool:
         """Wait until a worker has room and no more urgent batcher waits; hold that room.
@@ -644,8 +649,8 @@ class WorkerPool:
         return self._waiters[0] == ticket and self._room() > 0
 
     def _room(self) -> int:
-        depth = self.config.depth
-        room = sum(max(0, depth - len(w.inflight)) for w in self._workers if w.state == "ready")
+        ready = [w for w in self._workers if w.state == "ready"]
+        room = sum(max(0, self._depth(w) - len(w.inflight)) for w in ready)
         return room - self._reserved - len(self._backlog)
 
     def _alive_workers(self) -> bool:
@@ -721,10 +726,9 @@ class WorkerPool:
 
     def _pump(self) -> None:
         """Send backlog batches to workers with room, least loaded first."""
-        depth = self.config.depth
         while self._backlog:
             loads = [
-                len(w.inflight) if w.state == "ready" and len(w.inflight) < depth else None
+                len(w.inflight) if w.state == "ready" and len(w.inflight) < self._depth(w) else None
                 for w in self._workers
             ]
             index = least_loaded(loads, self._backlog[0].avoid)

@@ -9,15 +9,15 @@ Run on a GPU machine from the repository root with onnxruntime-gpu on PYTHONPATH
 It uses the daemon's own pieces: `WorkerPool` (one worker process per GPU, ONNX Runtime CUDA as
 the daemon configures it, batches as slots of shared-memory arenas) and one `Batcher` per
 shipped model; `--configs` varies CUDA graphs, how many batches a GPU worker runs at once
-(`WorkerSpec.concurrency`) and how many it holds (`PoolConfig.depth`). `--clients` threads each
-take studies off a list and send their preprocessed slices through both models with
-`BatchingEngine`, as the processor does. Each pool first runs a short warm-up load (arenas
-mapped and page-locked, kernels chosen), then the timed load. Reported per run: slices/s
+(`WorkerSpec.concurrency`) and how many it holds in all (`depth`, running ones included).
+`--clients` threads each take studies off a list and send their preprocessed slices through both
+models with `BatchingEngine`, as the processor does. Each pool first runs a short warm-up load
+(arenas mapped and page-locked, kernels chosen), then the timed load. Reported per run: slices/s
 through both models (a slice counts once per model), the scaling from one GPU to two, each
-worker's busy fraction over the timed window (time with at least one batch running), each
-GPU's utilisation from `nvidia-smi` sampled every 100 ms (time a kernel was running), and the
-daemon process's CPU use, to show where the limit is. With `--backend onnxruntime-cpu` (and
-`--gpus 1 2` meaning CPU workers) it is a dry run anywhere.
+worker's busy fraction over the timed window (time with at least one batch running), each GPU's
+utilisation from `nvidia-smi` sampled every 100 ms (time a kernel was running), and the daemon
+process's CPU use, to show where the limit is. With `--backend onnxruntime-cpu` (and `--gpus 1
+2` meaning CPU workers) it is a dry run anywhere.
 """
 
 from __future__ import annotations
@@ -161,7 +161,9 @@ def run_load(gpus: int, args: argparse.Namespace, config: dict[str, int]) -> dic
         staged_copies=bool(config["staged"]),
     )
     on_cpu = args.backend == "onnxruntime-cpu"  # a dry run on a machine without a GPU
-    pool_config = PoolConfig(gpus=0 if on_cpu else gpus, cpu_workers=gpus, depth=config["depth"])
+    # `depth` here counts every batch in flight on a GPU worker, the ones it runs at once too.
+    depth = max(1, config["depth"] - config["conc"] + 1)
+    pool_config = PoolConfig(gpus=0 if on_cpu else gpus, cpu_workers=gpus, depth=depth)
     pool = WorkerPool(spec, pool_config)
     t0 = time.perf_counter()
     pool.start()

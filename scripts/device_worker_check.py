@@ -112,7 +112,8 @@ def measure(pair: Callable[[], None], seconds: float) -> list[dict[str, Any]]:
 
 def through_pool(backend_name: str, seconds: float) -> list[dict[str, Any]]:
     cards = [load_model_card(ROOT / "engines" / n) for n in NAMES]
-    spec = WorkerSpec(tuple(c.folder for c in cards), backend=backend_name, max_batch_size=BATCH)
+    folders = tuple(c.folder for c in cards)
+    spec = WorkerSpec(folders, backend=backend_name, max_batch_size=BATCH, concurrency=1)
     gpus = 0 if backend_name == "onnxruntime-cpu" else 1
     pool = WorkerPool(spec, PoolConfig(gpus=gpus, cpu_workers=1, depth=2))
     pool.start()
