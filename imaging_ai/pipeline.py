@@ -102,8 +102,7 @@ class Daemon:
                 f"cannot create storage.data_dir {data_dir}: {exc.strerror}"
             ) from exc
         upgrade(self.engine)
-        # Receivers share their port (SO_REUSEPORT), so a second daemon could bind it too:
-        # a plain bind first makes "port in use" a start-up error instead.
+        # Checked before the models load, so a port in use stops the start at once.
         _check_port_free("dicom", self.config.dicom.bind, self.config.dicom.port)
         _check_port_free("http", self.config.http.bind, self.config.http.port)
         engines = EngineSet(self.config.engines, data_dir)
