@@ -20,7 +20,7 @@ from typing import Any
 
 from pydicom import dcmread
 from pynetdicom import AE, evt
-from sqlalchemy import select
+from sqlalchemy import event, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from imaging_ai import faults
@@ -109,7 +109,9 @@ class Outbox:
                 )
                 count += 1
         study.state = "delivering" if count else "done"
-        self._wake.set()
+        # Woken once the rows are committed: woken now, the sender would look before they
+        # exist and then sleep a whole poll interval.
+        event.listen(s, "after_commit", lambda _session: self._wake.set(), once=True)
         return count
 
     def start(self) -> None:

@@ -160,3 +160,19 @@ def test_backoff_grows_and_caps() -> None:
 
 def test_destination_key() -> None:
     assert pacs_key(PacsDestination("PACS", "10.1.1.1", 104)) == "pacs:PACS@10.1.1.1:104"
+
+
+def test_the_sender_is_woken_only_once_the_rows_are_committed(
+    engine: Engine, tmp_path: Path
+) -> None:
+    outbox, study_id = setup(engine, tmp_path, pacs_port=1)
+    outbox._wake.clear()
+    with Session(engine) as s:
+        with s.begin():
+            study = s.get(Study, study_id)
+            assert study is not None
+            outbox.enqueue(
+                s, study, [Payload("sr", tmp_path / "data" / "outputs" / "oru.hl7", "9")], T0
+            )
+            assert not outbox._wake.is_set()  # rows not visible yet: a wake now finds nothing
+        assert outbox._wake.is_set()
