@@ -177,6 +177,7 @@ def test_ingest_load_8_senders_for_2_minutes(tmp_path: Path, small_studies: Stud
 
 @pytest.mark.slow
 @pytest.mark.postgres
+@pytest.mark.timeout(3600)
 def test_soak_hundreds_of_studies(
     tmp_path: Path, small_studies: Studies, own_postgres: StoppablePostgres, pacs: Pacs, ris: Ris
 ) -> None:
