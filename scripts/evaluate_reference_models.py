@@ -13,6 +13,7 @@ postprocessing included, best and median of ``--timing-repeats`` runs.
     .venv/bin/python scripts/evaluate_reference_models.py                  # 30 studies, print
     .venv/bin/python scripts/evaluate_reference_models.py --write-cards    # and update [quality]
     .venv/bin/python scripts/evaluate_reference_models.py --studies 5 --timing-repeats 0
+    .venv/bin/python scripts/evaluate_reference_models.py --timing-only --write-cards  # retime
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from training.evaluation import (
     MIN_VOLUMES_MM3,
     THRESHOLDS,
     StudyResult,
-    detection_candidates,
+    cached_candidates,
     evaluate,
     format_table,
     load_models,
@@ -56,7 +57,19 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--timing-repeats", type=int, default=5, help="0 skips the timing")
     p.add_argument("--threads", type=int, default=2, help="ONNX Runtime intra-op threads")
     p.add_argument("--write-cards", action="store_true", help="rewrite both cards' [quality]")
+    p.add_argument(
+        "--timing-only",
+        action="store_true",
+        help="instead: only the 300-slice timing; with --write-cards only the cards' cpu_*\n"
+        "figures change (quality does not depend on the machine's load; timing does)",
+    )
     p.add_argument("--json", type=Path, help="also write every figure and study here")
+    p.add_argument(
+        "--candidates-cache",
+        type=Path,
+        help="with --operating-points: keep each study's detections here (see\n"
+        "train_reference_models.py --candidates-cache)",
+    )
     p.add_argument(
         "--operating-points",
         action="store_true",
@@ -102,14 +115,7 @@ def card_tables(
     """The two ``[quality]`` tables (the nodule card keeps its ``validation_*`` entries)."""
     test_set = f"{s['studies']} held-out synthetic phantom studies ({s['slices']} slices), {seeds}"
     how = "scripts/evaluate_reference_models.py (imaging_ai.analyse, ONNX Runtime CPU)"
-    speed = {}
-    if timing:
-        speed = {
-            "cpu_seconds_300x512x512_study_best": round(timing["best_s"], 1),
-            "cpu_seconds_300x512x512_study_median": round(timing["median_s"], 1),
-            "cpu_timing": f"both models, pre- and postprocessing, {timing['threads']} ORT threads, "
-            f"{timing['runs']} runs on the development machine",
-        }
+    speed = speed_table(timing)
     lung = {k: round(s[k], 4) for k in s if k.startswith("dice_")}
     nodule: dict[str, Any] = {
         k: round(v, 3) if isinstance(v, float) else v
@@ -123,13 +129,53 @@ def card_tables(
     return {"lung-seg": {**lung, **common}, "nodule-det": {**nodule, **common, **kept}}
 
 
-def print_operating_points(seeds: range, nodule: LoadedModel) -> int:
+def speed_table(timing: dict[str, Any]) -> dict[str, Any]:
+    """The cards' ``cpu_*`` entries from :func:`measure_time`'s figures (none without them)."""
+    if not timing:
+        return {}
+    return {
+        "cpu_seconds_300x512x512_study_best": round(timing["best_s"], 1),
+        "cpu_seconds_300x512x512_study_median": round(timing["median_s"], 1),
+        "cpu_timing": f"both models, pre- and postprocessing, {timing['threads']} ORT threads, "
+        f"{timing['runs']} runs on the development machine",
+    }
+
+
+def print_operating_points(seeds: range, nodule: LoadedModel, cache: Path | None) -> int:
     """Print the operating-point table of the detector over ``seeds``."""
     print(f"operating points on {len(seeds)} phantoms (seeds {seeds[0]}-{seeds[-1]})")
-    candidates = [detection_candidates(seed, nodule, THRESHOLDS) for seed in seeds]
+    candidates = [cached_candidates(seed, nodule, THRESHOLDS, cache) for seed in seeds]
     label = nodule.card.labels[0]
     table = operating_table(candidates, THRESHOLDS, MIN_VOLUMES_MM3)
     print(format_table(table, (label.threshold, label.min_volume_mm3)))
+    return 0
+
+
+def measure_time(
+    lung: LoadedModel, nodule: LoadedModel, repeats: int, threads: int
+) -> dict[str, Any]:
+    """Seconds for the 300-slice study, ``repeats`` times (an empty dict for none)."""
+    if repeats <= 0:
+        return {}
+    runs, stages = time_study(lung, nodule, repeats)
+    timing: dict[str, Any] = {"runs": len(runs), "threads": threads, "seconds": runs}
+    timing |= {"best_s": min(runs), "median_s": statistics.median(runs)}
+    timing["stages"] = {k: round(v, 2) for k, v in stages.items()}
+    return timing
+
+
+def retime(args: argparse.Namespace, lung: LoadedModel, nodule: LoadedModel) -> int:
+    """``--timing-only``: time the study; with ``--write-cards`` replace the cards' cpu_* keys."""
+    timing = measure_time(lung, nodule, max(1, args.timing_repeats), args.threads)
+    print(f"300x512x512 study on {timing['threads']} CPU threads: best {timing['best_s']:.1f} s, "
+          f"median {timing['median_s']:.1f} s of {timing['runs']} runs {timing['seconds']}; "
+          f"stages of the best {timing['stages']}")  # fmt: skip
+    if args.write_cards:
+        for name in ("lung-seg", "nodule-det"):
+            path = args.engines / name / "model.toml"
+            old = tomllib.loads(path.read_text(encoding="utf-8")).get("quality", {})
+            rewrite_quality(path, quality_table({**old, **speed_table(timing)}))
+        print("wrote the timing into [quality] of lung-seg, nodule-det")
     return 0
 
 
@@ -139,16 +185,13 @@ def main(argv: list[str] | None = None) -> int:
     lung, nodule = load_models(args.engines, args.threads)
     seeds = range(args.first_seed, args.first_seed + args.studies)
     if args.operating_points:
-        return print_operating_points(seeds, nodule)
+        return print_operating_points(seeds, nodule, args.candidates_cache)
+    if args.timing_only:
+        return retime(args, lung, nodule)
     print(f"evaluating {args.studies} held-out phantoms (seeds {seeds[0]}-{seeds[-1]})")
     results = evaluate(seeds, lung, nodule, progress=_show)
     summary = summarise(results)
-    timing: dict[str, Any] = {}
-    if args.timing_repeats > 0:
-        runs, stages = time_study(lung, nodule, args.timing_repeats)
-        timing = {"runs": len(runs), "threads": args.threads, "seconds": runs}
-        timing |= {"best_s": min(runs), "median_s": statistics.median(runs)}
-        timing["stages"] = {k: round(v, 2) for k, v in stages.items()}
+    timing = measure_time(lung, nodule, args.timing_repeats, args.threads)
     print_summary(summary, timing)
     tables = card_tables(summary, timing, f"seeds {seeds[0]}-{seeds[-1]}", args.engines)
     if args.write_cards:

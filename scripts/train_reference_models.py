@@ -15,7 +15,8 @@ Stages (``--stage all`` runs them in order; ``--stage train`` also exports):
 ``calibrate``
     On validation phantoms (seeds 200000 + i), through the daemon's own path, choose the nodule
     threshold and minimum volume (most sensitivity for nodules >= 6 mm at no more than
-    ``--max-fp-per-study`` false positives per study) and rewrite the ``nodule-det`` card.
+    ``--max-fp-per-study`` false positives per study) and rewrite the ``nodule-det`` card;
+    ``--candidates-cache DIR`` keeps what the model found per study, so a rerun is quick.
 ``evaluate``
     On held-out test phantoms (seeds 300000 + i) run ``scripts/evaluate_reference_models.py``,
     which writes the measured figures into both cards' ``[quality]`` tables.
@@ -29,10 +30,12 @@ One command does everything on a CUDA machine with the daemon's dependencies and
 
     python3 scripts/train_reference_models.py
 
-The shipped weights came from two leased-GPU runs and three CPU steps here; docs/models.md gives
-the exact commands. ``--stage train`` needs torch (the ``train`` extra); the other stages need
-the daemon's dependencies (and torch for ``export``). Training on a CPU works (``--device cpu``)
-but is slow: on the 2-core development machine one nodule-det step of 8 slices takes ~5 s.
+The shipped weights came from three leased-GPU runs (the last one fine-tuning nodule-det 1.0.0
+into the 2.5-D 2.0.0, its single-slice weights inflated by ``training.nets.inflate_input``) and
+CPU steps here; docs/models.md gives the exact commands. ``--stage train`` needs torch (the
+``train`` extra); the other stages need the daemon's dependencies (and torch for ``export``).
+Training on a CPU works (``--device cpu``) but is slow: on the 2-core development machine one
+nodule-det step of 8 slices takes ~5 s.
 """
 
 from __future__ import annotations
@@ -76,12 +79,25 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--workers", type=int, default=0, help="phantom processes (0: all CPUs)")
     p.add_argument(
+        "--data-minutes",
+        type=float,
+        default=0.0,
+        help="wall-clock cap of training-data generation (0: none); the studies done by then\n"
+        "are used, the first of the seeds in order",
+    )
+    p.add_argument(
         "--time-budget-minutes",
         type=float,
         default=0.0,
         help="wall-clock cap of --stage train (0: none); training shortens to fit (see fit.py)",
     )
     p.add_argument("--calibration-studies", type=int, default=60)
+    p.add_argument(
+        "--candidates-cache",
+        type=Path,
+        help="keep each validation study's detections here (keyed by the ONNX digest), so\n"
+        "calibrating again does not run the model again",
+    )
     p.add_argument("--max-fp-per-study", type=float, default=1.0, help="calibration target")
     p.add_argument("--test-studies", type=int, default=30)
     p.add_argument("--timing-repeats", type=int, default=5)
@@ -90,18 +106,23 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def train(args: argparse.Namespace) -> dict[str, Any]:
     """Generate data, train the models asked for, save their weights under ``args.out``."""
+    import numpy as np
     import torch
     from training.data import TRAIN_SEEDS, VALIDATION_SEEDS, ModelGrid, build_samples
     from training.fit import FitConfig, fit, init_seed, to_device
-    from training.nets import UNet, parameter_count
+    from training.nets import UNet, inflate_input, parameter_count
 
     workers = args.workers or len(os.sched_getaffinity(0))
-    grids = ModelGrid(LUNG_SEG.preprocess), ModelGrid(NODULE_DET.preprocess)
+    # The lung model's slices are only preprocessed when it is trained.
+    lung_grid = ModelGrid(LUNG_SEG.preprocess) if LUNG_SEG.name in args.models else None
+    grids = lung_grid, ModelGrid(NODULE_DET.preprocess)
     t0 = time.perf_counter()
     seeds = TRAIN_SEEDS[args.first_study : args.first_study + args.studies]
-    samples = build_samples(seeds, *grids, workers=workers)
     monitor_seeds = VALIDATION_SEEDS[-args.monitor_studies :]
     monitor = build_samples(monitor_seeds, *grids, workers=workers)
+    cap = t0 + args.data_minutes * 60 if args.data_minutes else None
+    samples = build_samples(seeds, *grids, workers=workers, deadline=cap)
+    seeds = seeds[: len(np.unique(samples.seeds))]
     # CUDA is touched only now: the phantom workers above were forked from a CUDA-free process.
     device = _device(args.device, torch)
     torch.backends.cudnn.benchmark = True
@@ -110,7 +131,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     log["data"]["seconds"] = round(time.perf_counter() - t0, 1)
     positive = samples.nodule_y.reshape(len(samples), -1).max(1) > 0
     log["data"]["nodule_slices"] = int(positive.sum())
-    print(f"data: {len(samples)} slices of {args.studies} studies ({log['data']['seconds']} s)")
+    print(f"data: {len(samples)} slices of {len(seeds)} studies ({log['data']['seconds']} s)")
     # Seconds left for training once the data exist, minus half a minute for exports; lung-seg, the
     # easier task, gets 40 % of them and nodule-det what lung-seg leaves.
     deadline = t0 + args.time_budget_minutes * 60 - 30 if args.time_budget_minutes else None
@@ -126,7 +147,8 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
         init_seed(args.seed)
         model = UNet(recipe.net)
         if args.init_from:  # fine-tuning: the schedule restarts from these weights
-            model.load_state_dict(_weights(args.init_from, recipe, torch))
+            state = inflate_input(_weights(args.init_from, recipe, torch), recipe.net.in_channels)
+            model.load_state_dict(state)
         model.to(device)
         guard = float("inf")
         if deadline is not None:
@@ -159,7 +181,7 @@ def export_models(args: argparse.Namespace) -> dict[str, Any]:
     """
     import torch
     from training.export import export
-    from training.nets import LungGatedDetector, UNet
+    from training.nets import LungGatedDetector, UNet, inflate_input
 
     nets = {}
     for recipe in RECIPES:
@@ -167,7 +189,8 @@ def export_models(args: argparse.Namespace) -> dict[str, Any]:
         if folder is None:
             raise SystemExit(f"no weights for {recipe.name}: train it or give --init-from")
         nets[recipe.name] = UNet(recipe.net)
-        nets[recipe.name].load_state_dict(_weights(folder, recipe, torch))
+        state = inflate_input(_weights(folder, recipe, torch), recipe.net.in_channels)
+        nets[recipe.name].load_state_dict(state)
         nets[recipe.name].eval()
     gated = LungGatedDetector(nets[NODULE_DET.name], nets[LUNG_SEG.name]).eval()
     out: dict[str, Any] = {}
@@ -176,7 +199,8 @@ def export_models(args: argparse.Namespace) -> dict[str, Any]:
             continue
         folder = args.out / recipe.name
         folder.mkdir(parents=True, exist_ok=True)
-        worst = export(model, recipe.preprocess.input_size, folder / "model.onnx")
+        shape = (recipe.net.in_channels, *recipe.preprocess.input_size)
+        worst = export(model, shape, folder / "model.onnx")
         (folder / "model.toml").write_text(recipe.card_text(UNMEASURED), encoding="utf-8")
         size = (folder / "model.onnx").stat().st_size
         out[recipe.name] = {"onnx_bytes": size, "onnx_vs_torch_max_abs": worst}
@@ -200,8 +224,8 @@ def calibrate(args: argparse.Namespace) -> dict[str, Any]:
     from training.evaluation import (
         MIN_VOLUMES_MM3,
         THRESHOLDS,
+        cached_candidates,
         choose_operating_point,
-        detection_candidates,
         format_table,
         load_models,
     )
@@ -210,7 +234,7 @@ def calibrate(args: argparse.Namespace) -> dict[str, Any]:
     seeds = VALIDATION_SEEDS[: args.calibration_studies]
     candidates = []
     for seed in seeds:
-        candidates.append(detection_candidates(seed, nodule, THRESHOLDS))
+        candidates.append(cached_candidates(seed, nodule, THRESHOLDS, args.candidates_cache))
         print(f"  validation phantom {seed}: {len(candidates[-1].diameters)} nodules", flush=True)
     target = args.max_fp_per_study
     t, v, table = choose_operating_point(candidates, THRESHOLDS, MIN_VOLUMES_MM3, target)

@@ -3,16 +3,18 @@ files, and weights that still segment lungs and find nodules on a phantom they n
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from imaging_ai.analyse import LoadedModel, analyse, lung_labels
+from imaging_ai.analyse import LoadedModel, analyse, lung_labels, spec_from_card
 from imaging_ai.infer.base import sample_batch
 from imaging_ai.infer.ort import OrtBackend, OrtOptions
 from imaging_ai.modelcard import ModelCard, load_model_card, onnx_io_shapes, validate_against_onnx
 from imaging_ai.phantom import PhantomSpec, PhantomVolume, generate
+from imaging_ai.preprocess import prepare_slices
 from imaging_ai.volume import Volume
 
 ENGINES = Path(__file__).resolve().parents[1] / "engines"
@@ -110,3 +112,37 @@ def test_daemon_path_on_a_held_out_phantom(models: tuple[LoadedModel, LoadedMode
         dist = np.linalg.norm(centres - np.asarray(n.centre), axis=1) if len(centres) else [np.inf]
         assert min(dist) <= reach, f"missed the {n.diameter:.1f} mm nodule at {n.centre}"
     assert len(result.lesions) <= len(pv.nodules) + 2, "too many false positives"
+
+
+def test_training_stacks_slices_as_the_daemon_does() -> None:
+    """The 2.5-D training inputs are the daemon's inputs: same neighbours, order and values."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+    from training.data import ModelGrid
+    from training.recipes import NODULE_DET
+
+    grid = ModelGrid(NODULE_DET.preprocess)
+    assert grid.channels == NODULE_DET.net.in_channels == _card("nodule-det").input.channels
+    spec = PhantomSpec(slices=12, seed=HELD_OUT_SEED, nodules=1, slice_thickness_mm=1.25)
+    pv = generate(spec)
+    chosen = [0, 4, 11]
+    rows = grid.context(pv, chosen)  # phantom slices, head to feet
+    daemon = prepare_slices(_volume(pv), spec_from_card(_card("nodule-det")))  # feet to head
+    training = grid.inputs(pv)[rows]
+    expected = daemon[[len(pv.indices) - 1 - k for k in chosen]].astype(np.float16)
+    assert training.shape == expected.shape == (3, 3, 256, 256)
+    np.testing.assert_array_equal(training, expected)
+
+
+def test_inflated_weights_compute_what_the_single_slice_network_did() -> None:
+    torch = pytest.importorskip("torch")
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+    from training.nets import UNet, inflate_input
+    from training.recipes import NetSpec
+
+    torch.manual_seed(0)
+    single = UNet(NetSpec((4, 8), 1, "sigmoid")).eval()
+    wide = UNet(NetSpec((4, 8), 1, "sigmoid", in_channels=3)).eval()
+    wide.load_state_dict(inflate_input(single.state_dict(), 3))
+    x = torch.rand(2, 3, 16, 16)
+    with torch.no_grad():
+        torch.testing.assert_close(wide(x), single(x[:, 1:2]))

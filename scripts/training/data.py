@@ -20,14 +20,20 @@ from __future__ import annotations
 import math
 import multiprocessing
 import os
-from collections.abc import Iterable, Sequence
+import time
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, fields, replace
 
 import numpy as np
 import numpy.typing as npt
 
 from imaging_ai.phantom import PhantomSpec, PhantomVolume, generate
-from imaging_ai.preprocess import PreprocessSpec, prepare_array
+from imaging_ai.preprocess import (
+    PreprocessSpec,
+    context_indices,
+    context_stride,
+    prepare_array,
+)
 
 F16 = npt.NDArray[np.float16]
 F32 = npt.NDArray[np.float32]
@@ -41,9 +47,12 @@ THICKNESSES_MM = (1.0, 1.0, 1.25, 1.25, 1.5, 2.0, 2.5, 3.0, 5.0)
 """Drawn uniformly from this list: thin slices are the usual chest protocol, 5 mm still occurs."""
 CHEST_SPAN_MM = (250.0, 340.0)
 """Stack length: apex to upper abdomen, with some studies shorter or longer."""
+TRAIN_SMALL_SHARE = 0.4
+"""Training studies with only 3.5-12 mm nodules (validation and test phantoms: 0.2); 6-10 mm
+nodules are the ones a detector misses."""
 
 
-def draw_spec(seed: int, slices: int | None = None) -> PhantomSpec:
+def draw_spec(seed: int, slices: int | None = None, small_share: float = 0.2) -> PhantomSpec:
     """A random chest CT protocol and patient for ``seed`` (the same seed gives the same spec).
 
     Parameters
@@ -52,6 +61,10 @@ def draw_spec(seed: int, slices: int | None = None) -> PhantomSpec:
         The phantom seed; it also chooses every protocol knob below, from its own stream.
     slices : int, optional
         Number of slices; default covers the chest at the drawn thickness.
+    small_share : float
+        Share of studies whose nodules are all 3.5-12 mm. Validation and test phantoms keep the
+        default; training may ask for more (:data:`TRAIN_SMALL_SHARE`). Only this share changes:
+        the same random draw decides, so every other knob of a seed stays as it was.
 
     Returns
     -------
@@ -65,7 +78,7 @@ def draw_spec(seed: int, slices: int | None = None) -> PhantomSpec:
     rng = np.random.default_rng([seed, 0x7A1])
     thickness = float(rng.choice(THICKNESSES_MM))
     n = slices or max(16, round(rng.uniform(*CHEST_SPAN_MM) / thickness))
-    small_only = rng.random() < 0.2  # studies full of small nodules teach the 4–8 mm range
+    small_only = rng.random() < small_share  # studies of small nodules teach the 4–8 mm range
     return PhantomSpec(
         slices=n,
         seed=seed,
@@ -83,7 +96,9 @@ def draw_spec(seed: int, slices: int | None = None) -> PhantomSpec:
     )
 
 
-def generate_study(seed: int, slices: Sequence[int] | None = None) -> PhantomVolume:
+def generate_study(
+    seed: int, slices: Sequence[int] | None = None, small_share: float = 0.2
+) -> PhantomVolume:
     """Generate the phantom of :func:`draw_spec`; fewer nodules if the lungs cannot hold them.
 
     Parameters
@@ -92,8 +107,10 @@ def generate_study(seed: int, slices: Sequence[int] | None = None) -> PhantomVol
         Phantom seed.
     slices : sequence of int, optional
         Slice indices to render (all by default); see :func:`imaging_ai.phantom.generate`.
+    small_share : float
+        See :func:`draw_spec`.
     """
-    spec = draw_spec(seed)
+    spec = draw_spec(seed, small_share=small_share)
     while True:
         try:
             return generate(spec, slices=slices, workers=1)
@@ -137,11 +154,30 @@ class ModelGrid:
         height, width = self.preprocess.input_size
         return int(height), int(width)
 
+    @property
+    def channels(self) -> int:
+        """Input channels: the slice, and its neighbours for a 2.5-D input."""
+        return 2 * self.preprocess.context_slices + 1
+
     def inputs(self, vol: PhantomVolume) -> F16:
         """The daemon's preprocessing of every slice, ``(n, H, W)`` float16 (to save memory)."""
         spacing = vol.spacing_mm[:2]
         out = prepare_array(vol.hu, (spacing[0], spacing[1]), self.preprocess, np)
         return np.asarray(out[:, 0], dtype=np.float16)
+
+    def context(self, vol: PhantomVolume, slices: Sequence[int]) -> npt.NDArray[np.intp]:
+        """The phantom slices each of ``slices`` is stacked with, ``(len(slices), channels)``.
+
+        The daemon stacks a slice with its neighbours in the loaded volume's order, which runs
+        the other way from the phantom's (feet to head against head to feet), so the channel
+        before the middle one is the phantom slice ``stride`` further on. The stride comes from
+        the slice spacing exactly as :func:`imaging_ai.preprocess.prepare_slices` computes it.
+        """
+        n, k = vol.spec.slices, self.preprocess.context_slices
+        stride = context_stride(vol.spacing_mm[2], self.preprocess.context_spacing_mm)
+        loaded = context_indices(n, stride, k)[n - 1 - np.asarray(slices, dtype=np.intp)]
+        rows: npt.NDArray[np.intp] = n - 1 - loaded
+        return rows
 
     def fractions(self, masks: F32) -> F16:
         """Area fraction of each ``(n, C, rows, cols)`` 0/1 mask on the model grid, float16.
@@ -166,7 +202,8 @@ class Samples:
         Lung model inputs ``(n, H, W)`` and area fractions of background, right and left lung
         ``(n, 3, H, W)``.
     nodule_x, nodule_y : ndarray
-        Nodule model inputs ``(n, H', W')`` and nodule area fraction ``(n, H', W')``.
+        Nodule model inputs ``(n, C, H', W')`` (C = 1, or the slice and its neighbours) and
+        nodule area fraction ``(n, H', W')``.
     seeds : ndarray
         The phantom seed of each slice.
     """
@@ -188,33 +225,51 @@ class Samples:
         return Samples(*arrays)
 
 
-def study_samples(seed: int, lung: ModelGrid, nodule: ModelGrid, random_count: int = 14) -> Samples:
+def study_samples(
+    seed: int, lung: ModelGrid | None, nodule: ModelGrid, random_count: int = 14
+) -> Samples:
     """Render the training slices of one study and preprocess them for both models.
+
+    A 2.5-D nodule model also needs each slice's neighbours, which are rendered with it; the
+    lung model takes only the slices themselves.
 
     Parameters
     ----------
     seed : int
-        Phantom seed (see :func:`draw_spec`).
-    lung, nodule : ModelGrid
-        The two models' input grids.
+        Phantom seed (see :func:`draw_spec`; training draws :data:`TRAIN_SMALL_SHARE`).
+    lung : ModelGrid or None
+        The lung model's grid; ``None`` leaves its arrays empty (training nodule-det alone).
+    nodule : ModelGrid
+        The nodule model's grid.
     random_count : int
         Slices drawn anywhere in the stack, besides those through nodules.
     """
-    layout = generate_study(seed, slices=[])
+    layout = generate_study(seed, slices=[], small_share=TRAIN_SMALL_SHARE)
     rng = np.random.default_rng([seed, 0x511CE])
-    vol = generate_study(seed, slices=training_slices(layout, rng, random_count))
-    onehot = np.stack([vol.lung_labels == v for v in (0, 1, 2)], axis=1).astype(np.float32)
-    nodule_mask = vol.nodule_mask[:, None].astype(np.float32)
+    chosen = training_slices(layout, rng, random_count)
+    rows = nodule.context(layout, chosen)
+    needed = np.union1d(rows, chosen)
+    vol = generate_study(seed, slices=needed.tolist(), small_share=TRAIN_SMALL_SHARE)
+    where = np.searchsorted(needed, chosen)  # the chosen slices' places in the rendered ones
+    nodule_x = nodule.inputs(vol)[np.searchsorted(needed, rows)]
+    nodule_mask = vol.nodule_mask[where, None].astype(np.float32)
+    empty = np.zeros(0, dtype=np.float16)
+    lung_x = lung_y = empty
+    if lung is not None:
+        labels = vol.lung_labels[where]
+        onehot = np.stack([labels == v for v in (0, 1, 2)], axis=1).astype(np.float32)
+        lung_x = lung.inputs(replace(vol, hu=vol.hu[where]))
+        lung_y = lung.fractions(onehot)
     return Samples(
-        lung_x=lung.inputs(vol),
-        lung_y=lung.fractions(onehot),
-        nodule_x=nodule.inputs(vol),
+        lung_x=lung_x,
+        lung_y=lung_y,
+        nodule_x=nodule_x,
         nodule_y=nodule.fractions(nodule_mask)[:, 0],
-        seeds=np.full(len(vol.indices), seed, dtype=np.int64),
+        seeds=np.full(len(chosen), seed, dtype=np.int64),
     )
 
 
-_grids: tuple[ModelGrid, ModelGrid] | None = None
+_grids: tuple[ModelGrid | None, ModelGrid] | None = None
 """Set in the parent before forking, so workers need not unpickle it per task."""
 
 
@@ -224,7 +279,11 @@ def _worker(seed: int) -> Samples:
 
 
 def build_samples(
-    seeds: Sequence[int], lung: ModelGrid, nodule: ModelGrid, workers: int | None = None
+    seeds: Sequence[int],
+    lung: ModelGrid | None,
+    nodule: ModelGrid,
+    workers: int | None = None,
+    deadline: float | None = None,
 ) -> Samples:
     """Generate and preprocess the training slices of many studies, one study per process.
 
@@ -233,19 +292,30 @@ def build_samples(
     seeds : sequence of int
         Phantom seeds; the output is in this order whatever the number of workers.
     lung, nodule : ModelGrid
-        The two models' input grids.
+        The two models' input grids (``lung`` may be ``None``: see :func:`study_samples`).
     workers : int, optional
         Processes; default every available CPU.
+    deadline : float, optional
+        A ``time.perf_counter()`` value: studies not finished by then are left out, so the
+        output holds the first studies of ``seeds`` (a leased GPU's time is for training).
     """
     global _grids
     workers = workers or len(os.sched_getaffinity(0))
     _grids = (lung, nodule)
     try:
         if workers <= 1:
-            return Samples.concatenate(_worker(s) for s in seeds)
+            return Samples.concatenate(_until(map(_worker, seeds), deadline))
         # Each process renders its study on one core; forking shares the code and the grids.
         with multiprocessing.get_context("fork").Pool(workers) as pool:
-            chunk = max(1, math.ceil(len(seeds) / (4 * workers)))
-            return Samples.concatenate(pool.imap(_worker, seeds, chunksize=chunk))
+            chunk = max(1, math.ceil(len(seeds) / (8 * workers)))
+            return Samples.concatenate(_until(pool.imap(_worker, seeds, chunksize=chunk), deadline))
     finally:
         _grids = None
+
+
+def _until(parts: Iterable[Samples], deadline: float | None) -> Iterator[Samples]:
+    """``parts`` in order, up to the first after ``deadline`` (always at least one)."""
+    for i, part in enumerate(parts):
+        if i and deadline is not None and time.perf_counter() > deadline:
+            return
+        yield part

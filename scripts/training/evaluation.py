@@ -15,6 +15,7 @@ positive. Further detections of a nodule already found are neither hits nor fals
 
 from __future__ import annotations
 
+import pickle
 import re
 import statistics
 import time
@@ -233,6 +234,29 @@ def detection_candidates(seed: int, nodule: LoadedModel, thresholds: Sequence[fl
     return Candidates(
         by_threshold, vol.voxel_volume_ml, pv.nodule_centres_mm, pv.nodule_diameters_mm
     )
+
+
+def cached_candidates(
+    seed: int, nodule: LoadedModel, thresholds: Sequence[float], cache: Path | None
+) -> Candidates:
+    """:func:`detection_candidates`, kept under ``cache/<model sha256>/<seed>.pkl`` if given.
+
+    Re-running calibration (another false-positive target, another table) then reads what the
+    model gave instead of running it again; the file is keyed by the ONNX file's digest, so
+    other weights never read it.
+    """
+    path = None if cache is None else cache / nodule.card.sha256[:16] / f"{seed}.pkl"
+    if path is not None and path.exists():
+        with path.open("rb") as f:
+            found: Candidates = pickle.load(f)
+        if set(found.by_threshold) >= set(thresholds):
+            return found
+    result = detection_candidates(seed, nodule, thresholds)
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with path.open("wb") as f:
+            pickle.dump(result, f)
+    return result
 
 
 def operating_point(

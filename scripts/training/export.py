@@ -19,8 +19,8 @@ from training.nets import set_layout
 from training.recipes import OPSET
 
 
-def onnx_bytes(model: nn.Module, size: tuple[int, int]) -> bytes:
-    """Serialise ``model`` (on the CPU, float32, eval mode) to ONNX.
+def onnx_bytes(model: nn.Module, shape: tuple[int, int, int]) -> bytes:
+    """Serialise ``model`` (on the CPU, float32, eval mode) to ONNX; ``shape`` is (C, H, W).
 
     The TorchScript exporter (``dynamo=False``) is used: it needs no onnxscript, which the GPU
     machine lacks, and writes the plain Conv/BatchNorm/ConvTranspose graph every runtime reads.
@@ -28,16 +28,16 @@ def onnx_bytes(model: nn.Module, size: tuple[int, int]) -> bytes:
     model = set_layout(model.float().cpu(), torch.contiguous_format).eval()
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "model.onnx"
-        _export(model, size, path)
+        _export(model, shape, path)
         data = path.read_bytes()
     onnx.checker.check_model(onnx.load_from_string(data))
     return data
 
 
-def _export(model: nn.Module, size: tuple[int, int], path: Path) -> None:
+def _export(model: nn.Module, shape: tuple[int, int, int], path: Path) -> None:
     torch.onnx.export(
         model,
-        (torch.zeros(2, 1, *size),),
+        (torch.zeros(2, *shape),),
         path,
         input_names=["image"],
         output_names=["probabilities"],
@@ -49,7 +49,7 @@ def _export(model: nn.Module, size: tuple[int, int], path: Path) -> None:
 
 
 def check_against_torch(
-    model: nn.Module, data: bytes, size: tuple[int, int], seed: int = 0
+    model: nn.Module, data: bytes, shape: tuple[int, int, int], seed: int = 0
 ) -> float:
     """Largest |ONNX Runtime - PyTorch| on three random batches of different sizes.
 
@@ -62,7 +62,7 @@ def check_against_torch(
     rng = np.random.default_rng(seed)
     worst = 0.0
     for n in (1, 3, 8):
-        x = rng.random((n, 1, *size), dtype=np.float32)
+        x = rng.random((n, *shape), dtype=np.float32)
         (got,) = session.run(["probabilities"], {"image": x})
         with torch.no_grad():
             want = model.float().cpu().eval()(torch.from_numpy(x)).numpy()
@@ -72,10 +72,13 @@ def check_against_torch(
     return worst
 
 
-def export(model: nn.Module, size: tuple[int, int], path: Path) -> float:
-    """Write ``path`` after checking it; returns the largest difference from PyTorch."""
-    data = onnx_bytes(model, size)
-    worst = check_against_torch(model, data, size)
+def export(model: nn.Module, shape: tuple[int, int, int], path: Path) -> float:
+    """Write ``path`` after checking it; returns the largest difference from PyTorch.
+
+    ``shape`` is one input's (channels, height, width).
+    """
+    data = onnx_bytes(model, shape)
+    worst = check_against_torch(model, data, shape)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".onnx.tmp")
     tmp.write_bytes(data)

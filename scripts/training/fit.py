@@ -90,12 +90,14 @@ def _affine(
 
 
 def _blur(x: torch.Tensor, sigma: torch.Tensor) -> torch.Tensor:
-    """Separable Gaussian blur of ``sigma`` pixels (a softer reconstruction kernel)."""
+    """Separable Gaussian blur of ``sigma`` pixels (a softer reconstruction kernel), per channel."""
     taps = torch.arange(-2, 3, device=x.device, dtype=x.dtype)
     k = torch.exp(-0.5 * (taps / sigma) ** 2)
     k = k / k.sum()
+    shape = x.shape
+    x = x.reshape(-1, 1, *shape[2:])
     x = F.conv2d(F.pad(x, (2, 2, 0, 0), mode="replicate"), k.view(1, 1, 1, 5))
-    return F.conv2d(F.pad(x, (0, 0, 2, 2), mode="replicate"), k.view(1, 1, 5, 1))
+    return F.conv2d(F.pad(x, (0, 0, 2, 2), mode="replicate"), k.view(1, 1, 5, 1)).reshape(shape)
 
 
 def _intensity(x: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
@@ -119,7 +121,11 @@ def _intensity(x: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
 def augment(
     x: torch.Tensor, y: torch.Tensor, swap_sides: bool, gen: torch.Generator
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Augment a batch of inputs ``(N, 1, H, W)`` and soft targets ``(N, C, H, W)``.
+    """Augment a batch of inputs ``(N, C', H, W)`` and soft targets ``(N, C, H, W)``.
+
+    A 2.5-D input (``C'`` > 1: a slice and its neighbours) moves as one image, and its
+    neighbours swap places in half the samples, so the network cannot lean on which way the
+    series was sorted.
 
     Parameters
     ----------
@@ -142,6 +148,9 @@ def augment(
         y = torch.cat([(1.0 - fg.sum(1, keepdim=True)).clamp(0.0, 1.0), fg], dim=1)
     else:
         y = F.grid_sample(y, grid, mode="bilinear", align_corners=False)
+    if x.shape[1] > 1:
+        turn = torch.rand(x.shape[0], generator=gen, device=x.device) < 0.5
+        x = torch.where(turn[:, None, None, None], x.flip(1), x)
     return _intensity(x, gen), y
 
 
@@ -180,7 +189,7 @@ def soft_dice(p: torch.Tensor, t: torch.Tensor) -> float:
 def validate(model: UNet, x: torch.Tensor, y: torch.Tensor, batch: int) -> dict[str, float]:
     """Dice on the model grid per foreground channel (a training-time check, not the card's)."""
     model.eval()
-    probs = torch.cat([model(x[i : i + batch, None].float()) for i in range(0, len(x), batch)])
+    probs = torch.cat([model(_slices(x, i, i + batch)) for i in range(0, len(x), batch)])
     model.train()
     target = y.float() if y.ndim == 4 else y[:, None].float()
     if model.spec.activation == "softmax":
@@ -196,7 +205,7 @@ def fit(
     val: tuple[torch.Tensor, torch.Tensor] | None = None,
     log_every: int = 250,
 ) -> FitLog:
-    """Train ``model`` in place on ``x`` ``(n, H, W)`` and targets ``y`` ``(n, [C,] H, W)``.
+    """Train ``model`` in place on ``x`` ``(n, [C,] H, W)`` and targets ``y`` ``(n, [C,] H, W)``.
 
     Inputs and targets may be float16 on the training device; batches are drawn with a seeded
     generator, so a CPU run repeats exactly (a GPU run up to cuDNN's non-deterministic kernels).
@@ -223,7 +232,7 @@ def fit(
         for group in opt.param_groups:
             group["lr"] = _learning_rate(config.lr, progress)
         idx = _draw(len(x), positives, config, gen, device)
-        xb = x[idx, None].float()
+        xb = _slices(x, idx)
         yb = y[idx].float() if softmax else y[idx, None].float()
         xb, yb = augment(xb, yb, softmax, gen)
         xb = xb.contiguous(memory_format=layout)
@@ -245,6 +254,12 @@ def fit(
     log.steps, log.seconds = step, time.perf_counter() - start
     set_layout(model, torch.contiguous_format).eval()
     return log
+
+
+def _slices(x: torch.Tensor, start: torch.Tensor | int, stop: int | None = None) -> torch.Tensor:
+    """``x[start]`` or ``x[start:stop]`` as float32 ``(n, C, H, W)`` (C = 1 for ``(n, H, W)``)."""
+    part = x[start] if stop is None else x[start:stop]
+    return (part if x.ndim == 4 else part[:, None]).float()
 
 
 def _learning_rate(peak: float, progress: float) -> float:

@@ -33,7 +33,7 @@ class UNet(nn.Module):
         super().__init__()
         w = spec.widths
         self.spec = spec
-        self.down = nn.ModuleList([_block(1, w[0])])
+        self.down = nn.ModuleList([_block(spec.in_channels, w[0])])
         self.down.extend(_block(w[i - 1], w[i]) for i in range(1, len(w)))
         self.pool = nn.MaxPool2d(2)
         self.up = nn.ModuleList(
@@ -79,18 +79,39 @@ class LungGatedDetector(nn.Module):
     minimum volume removes. The lung U-Net, run on a 2x average-pooled copy of the same input
     (both models use the same window and normalisation), gives the lung field; max-pooling
     dilates it by ``dilation_px`` pooled pixels (about 1 cm), so juxtapleural nodules keep their
-    score. The daemon still sees one model, one input and one heat map.
+    score. The daemon still sees one model, one input and one heat map. A 2.5-D detector's input
+    has the slice itself as its middle channel, and that channel is what the lung U-Net sees.
     """
 
     def __init__(self, detector: UNet, lung: UNet, dilation_px: int = 3) -> None:
         super().__init__()
         self.detector, self.lung, self.dilation_px = detector, lung, dilation_px
         self.spec = detector.spec
+        self.middle = detector.spec.in_channels // 2
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Heat map ``(N, 1, H, W)``: detector probability times the lung-field gate."""
         heat: torch.Tensor = self.detector(x)
-        lung = 1.0 - self.lung(nn.functional.avg_pool2d(x, 2))[:, :1]
+        centre = x[:, self.middle : self.middle + 1]
+        lung = 1.0 - self.lung(nn.functional.avg_pool2d(centre, 2))[:, :1]
         r = self.dilation_px
         gate = nn.functional.max_pool2d(lung, 2 * r + 1, stride=1, padding=r)
         return heat * nn.functional.interpolate(gate, scale_factor=2.0, mode="nearest")
+
+
+def inflate_input(state: dict[str, torch.Tensor], in_channels: int) -> dict[str, torch.Tensor]:
+    """A single-slice U-Net's weights for a ``in_channels``-channel (2.5-D) one.
+
+    The first convolution's weights go to the middle channel and the neighbours' start at zero,
+    so the inflated network computes exactly what the single-slice one did, and training only
+    has to learn what the neighbours add. Weights that already have ``in_channels`` pass through.
+    """
+    key = "down.0.0.weight"
+    weight = state[key]
+    if weight.shape[1] == in_channels:
+        return state
+    if weight.shape[1] != 1:
+        raise ValueError(f"cannot inflate {weight.shape[1]} input channels to {in_channels}")
+    wide = weight.new_zeros(weight.shape[0], in_channels, *weight.shape[2:])
+    wide[:, in_channels // 2] = weight[:, 0]
+    return {**state, key: wide}

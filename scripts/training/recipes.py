@@ -35,11 +35,14 @@ class NetSpec:
         Output channels (3 for the lung softmax, 1 for the nodule heat map).
     activation : {"softmax", "sigmoid"}
         Applied to the logits inside the network.
+    in_channels : int
+        Input channels: 1, or the slice and its neighbours of a 2.5-D input.
     """
 
     widths: tuple[int, ...]
     out_channels: int
     activation: str
+    in_channels: int = 1
 
 
 @dataclass(frozen=True)
@@ -65,6 +68,10 @@ class Recipe:
     net: NetSpec
     preprocess: PreprocessSpec
     labels: tuple[Mapping[str, object], ...] = field(default=())
+
+    def __post_init__(self) -> None:
+        if self.net.in_channels != 2 * self.preprocess.context_slices + 1:
+            raise ValueError(f"{self.name}: the network's input channels do not match the context")
 
     @property
     def folder(self) -> Path:
@@ -96,10 +103,12 @@ class Recipe:
             "",
             "[input]",
             'name = "image"',
-            "channels = 1",
+            f"channels = {2 * p.context_slices + 1}",
             f"size = [{h}, {w}]",
             'dtype = "float32"',
             'layout = "NCHW"',
+            *([f"context_slices = {p.context_slices}"] if p.context_slices else []),
+            *([f"context_spacing_mm = {p.context_spacing_mm}"] if p.context_spacing_mm else []),
             "",
             "[preprocess]",
             f"window_center = {p.window_center:.1f}",
@@ -200,14 +209,16 @@ LUNG_SEG = Recipe(
 
 NODULE_DET = Recipe(
     name="nodule-det",
-    version="1.0.0",
+    version="2.0.0",
     task="detection",
     description=(
-        "2-D U-Net (5 levels, 16-128 channels) giving a per-slice lung nodule heat map at "
-        "256x256, multiplied by a dilated lung field from the lung-seg U-Net run inside this model "
-        "at 128x128; the daemon groups it into 3-D lesions. Trained on synthetic phantoms only."
+        "2.5-D U-Net (5 levels, 16-128 channels; input: each slice with the slices about 3 mm, "
+        "at least one slice, above and below) giving a per-slice lung nodule heat map at 256x256, "
+        "multiplied by a dilated lung field from the lung-seg U-Net run inside this model at "
+        "128x128 on the middle channel; the daemon groups it into 3-D lesions. Trained on "
+        "synthetic phantoms only."
     ),
-    net=NetSpec(widths=(16, 32, 64, 128, 128), out_channels=1, activation="sigmoid"),
+    net=NetSpec(widths=(16, 32, 64, 128, 128), out_channels=1, activation="sigmoid", in_channels=3),
     preprocess=PreprocessSpec(
         window_center=-600.0,
         window_width=1500.0,
@@ -215,6 +226,11 @@ NODULE_DET = Recipe(
         denoise="none",  # 2x2 area averaging halves the noise; a filter would cost CPU time
         denoise_sigma_mm=0.0,
         input_size=(256, 256),
+        # 3 mm above and below its centre a 6 mm nodule has vanished and an 8 mm one shrunk to
+        # two thirds of its width, while a vessel is still there, moved along its course; on
+        # adjacent 1 mm slices both would look nearly unchanged.
+        context_slices=1,
+        context_spacing_mm=3.0,
     ),
     labels=(
         {
