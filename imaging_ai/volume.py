@@ -19,7 +19,7 @@ from pydicom.uid import (
     ImplicitVRLittleEndian,
 )
 
-from imaging_ai.errors import GeometryError, InvalidDataset, UnsupportedInput
+from imaging_ai.errors import GeometryError, ImagingAIError, InvalidDataset, UnsupportedInput
 
 CT_IMAGE_STORAGE = "1.2.840.10008.5.1.4.1.1.2"
 ENHANCED_CT_IMAGE_STORAGE = "1.2.840.10008.5.1.4.1.1.2.1"
@@ -230,9 +230,24 @@ def _dcmread(path: Path, header_tags: list[str] | None = None) -> Dataset:
         raise InvalidDataset(f"file {path.name} is not a readable DICOM file ({exc})") from exc
 
 
+# What pydicom and the conversions raise on a value of the wrong form (text in a DS, a
+# sequence where a number belongs, an empty IS).
+_UNREADABLE_VALUE = (ValueError, TypeError, OverflowError, NotImplementedError, AttributeError)
+
+
 def _read_frames(path: Path) -> list[_Frame]:
     ds = _dcmread(path)
     where = f"instance {ds.get('SOPInstanceUID', '?')} ({path.name})"
+    try:
+        return _frames_of(ds, where)
+    except ImagingAIError:
+        raise
+    except _UNREADABLE_VALUE as exc:
+        # Bad data, not a passing fault: refused at once with a reason, never retried.
+        raise InvalidDataset(f"{where} has an attribute that cannot be read: {exc}") from exc
+
+
+def _frames_of(ds: Dataset, where: str) -> list[_Frame]:
     _check_instance(ds, where)
     if "LOCALIZER" in [str(v).upper() for v in ds.get("ImageType", [])]:
         return []
@@ -352,7 +367,10 @@ def _text(ds: Dataset, keyword: str, where: str) -> str:
 def _floats(ds: Dataset, keyword: str, count: int, where: str) -> tuple[float, ...]:
     value = _value(ds, keyword, where)
     values = value if isinstance(value, Sequence) and not isinstance(value, str) else [value]
-    numbers = tuple(float(v) for v in values)
+    try:
+        numbers = tuple(float(v) for v in values)
+    except _UNREADABLE_VALUE as exc:
+        raise InvalidDataset(f"{where} has a value in {keyword} that is not a number") from exc
     if len(numbers) != count:
         raise InvalidDataset(f"{where} has {len(numbers)} values in {keyword}, not {count}")
     return numbers

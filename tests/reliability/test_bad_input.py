@@ -225,14 +225,6 @@ def _empty_samples_per_pixel(out: Path) -> list[Path]:
     return _edit(edit)(out)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="imaging_ai/volume.py converts these values with float()/int() and lets the "
-    "TypeError/ValueError out, so the processor retries the study three times and records "
-    "'analysis failed 3 times: could not convert string to float' instead of failing it at "
-    "once with a reason (InvalidDataset naming the attribute); volume.py is not this suite's "
-    "to change. The first was found in the corpus, the other two by test_fuzz.",
-)
 @pytest.mark.parametrize(
     "make",
     [_words_in_position, _slope_as_sequence, _empty_samples_per_pixel],
