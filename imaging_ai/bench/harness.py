@@ -72,13 +72,22 @@ class DaemonProcess:
 
     def start(self, timeout_s: float = 60) -> None:
         """Start and wait until /healthz answers; raise with the log if it exits first."""
-        log = self.log_path.open("ab")
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "imaging_ai", "serve", "--config", str(self.config_path)],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
-        )
+        self.launch()
+        self.wait_ready(timeout_s)
+
+    def launch(self, env: dict[str, str] | None = None) -> None:
+        """Start the daemon without waiting, with ``env`` added to this process's environment."""
+        with self.log_path.open("ab") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "imaging_ai", "serve", "--config", str(self.config_path)],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
+            )
+
+    def wait_ready(self, timeout_s: float = 60) -> None:
+        """Wait until /healthz answers; raise with the log if the daemon exits first."""
+        assert self.proc is not None
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -86,7 +95,7 @@ class DaemonProcess:
             try:
                 self.get("/healthz")
                 return
-            except (urllib.error.URLError, ConnectionError):
+            except OSError:  # URLError, a refused connection or a timeout: not up yet
                 time.sleep(0.1)
         raise RuntimeError(f"daemon not ready within {timeout_s} s: {self.log()}")
 

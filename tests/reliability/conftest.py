@@ -8,9 +8,7 @@ import contextlib
 import os
 import signal
 import subprocess
-import sys
 import threading
-import time
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -127,35 +125,15 @@ def outputs_config(pacs: Pacs, ris: Ris, retry_min_s: float = 0.5, retry_max_s: 
 class FaultDaemon(DaemonProcess):
     """`imaging-ai serve` that may be armed with IMAGING_AI_FAULT, with its database at hand."""
 
-    def launch(self, fault: str = "") -> None:
+    def launch(self, env: dict[str, str] | None = None, fault: str = "") -> None:
         """Start without waiting: an armed daemon may reach its point before /healthz answers."""
-        env = {**os.environ, "PYTHONUNBUFFERED": "1", **self.env}
-        env.pop(FAULT_ENV, None)
-        if fault:
-            env[FAULT_ENV] = fault
-        log = self.log_path.open("ab")
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "imaging_ai", "serve", "--config", str(self.config_path)],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env=env,
-        )
-        log.close()
+        # Always set, so an IMAGING_AI_FAULT in the test's own environment is not inherited.
+        super().launch({**self.env, **(env or {}), FAULT_ENV: fault})
 
     def start(self, timeout_s: float = 60, fault: str = "") -> None:
         """Start (armed or not) and wait until /healthz answers."""
-        self.launch(fault)
-        assert self.proc is not None
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"daemon exited with {self.proc.returncode}: {self.log()}")
-            try:
-                self.get("/healthz")
-                return
-            except OSError:
-                time.sleep(0.1)
-        raise RuntimeError(f"daemon not ready within {timeout_s} s: {self.log()}")
+        self.launch(fault=fault)
+        self.wait_ready(timeout_s)
 
     def wait_fault(self, point: str, timeout_s: float = 90) -> None:
         """Wait until the armed daemon has killed itself at ``point``."""
