@@ -73,27 +73,19 @@ def _pads(attrs: dict[str, Any]) -> tuple[int, int]:
 def _ops(torch: Any) -> dict[str, Op]:
     f = torch.nn.functional
 
-    def conv(a: list[Tensor], k: dict[str, Any]) -> Tensor:
-        return f.conv2d(
-            a[0],
-            a[1],
-            a[2] if len(a) > 2 else None,
-            stride=tuple(k.get("strides", (1, 1))),
-            padding=_pads(k),
-            dilation=tuple(k.get("dilations", (1, 1))),
-            groups=int(k.get("group", 1)),
-        )
+    def convolution(fn: Callable[..., Tensor]) -> Op:
+        def run(a: list[Tensor], k: dict[str, Any]) -> Tensor:
+            return fn(
+                a[0],
+                a[1],
+                a[2] if len(a) > 2 else None,
+                stride=tuple(k.get("strides", (1, 1))),
+                padding=_pads(k),
+                dilation=tuple(k.get("dilations", (1, 1))),
+                groups=int(k.get("group", 1)),
+            )
 
-    def conv_transpose(a: list[Tensor], k: dict[str, Any]) -> Tensor:
-        return f.conv_transpose2d(
-            a[0],
-            a[1],
-            a[2] if len(a) > 2 else None,
-            stride=tuple(k.get("strides", (1, 1))),
-            padding=_pads(k),
-            dilation=tuple(k.get("dilations", (1, 1))),
-            groups=int(k.get("group", 1)),
-        )
+        return run
 
     def pool(fn: Callable[..., Tensor]) -> Op:
         def run(a: list[Tensor], k: dict[str, Any]) -> Tensor:
@@ -123,8 +115,8 @@ def _ops(torch: Any) -> dict[str, Op]:
         return f.interpolate(a[0], scale_factor=tuple(scales[2:]), mode="nearest")
 
     return {
-        "Conv": conv,
-        "ConvTranspose": conv_transpose,
+        "Conv": convolution(f.conv2d),
+        "ConvTranspose": convolution(f.conv_transpose2d),
         "Relu": lambda a, k: torch.relu(a[0]),
         "Sigmoid": lambda a, k: torch.sigmoid(a[0]),
         "Softmax": lambda a, k: torch.softmax(a[0], dim=int(k.get("axis", -1))),
