@@ -434,7 +434,7 @@ class IncomingInstance:
         self._head = bytearray()
         self._header: Dataset | None = None
         self._meta: InstanceMeta | InvalidDataset | None = None
-        self._size = 0
+        self._meta_length = 0  # preamble and file meta, before the data set
         self._written = 0  # bytes in the file, file meta included
         try:
             sop_class = check_uid(str(command.get("AffectedSOPClassUID", "")), "SOP Class UID")
@@ -443,7 +443,7 @@ class IncomingInstance:
             self.path, self._file = receiver.spool.open_temporary()
             header = dul.part10_header(sop_class, sop_uid, syntax, peer.calling_ae)
             write_all(self._file, header)
-            self._written = len(header)
+            self._meta_length = self._written = len(header)
         except (InvalidDataset, StorageError) as exc:
             self._fail(exc)
         except OSError as exc:
@@ -459,7 +459,6 @@ class IncomingInstance:
         except OSError as exc:
             self._fail(storage_error(exc, "a received instance"))
             return
-        self._size += len(data)
         self._written += len(data)
         if self._header is None and len(self._head) < HEAD_BYTES:
             self._head += data
@@ -485,7 +484,7 @@ class IncomingInstance:
             self._close()
         header = None
         if self._header is not None and self._meta is not None:
-            header = Header(self._header, self._meta, self._size)
+            header = Header(self._header, self._meta, self._written - self._meta_length)
         try:
             return self.receiver.store(
                 self.path, self.command, self.syntax, self.peer, header, synced=True
