@@ -18,7 +18,6 @@ from io import BytesIO
 from pydicom import Dataset
 from pydicom.filereader import read_dataset
 from pydicom.uid import UID, generate_uid
-from pynetdicom.dsutils import encode
 from pynetdicom.pdu import A_ASSOCIATE_AC, A_ASSOCIATE_RQ
 from pynetdicom.pdu_primitives import (
     A_ASSOCIATE,
@@ -54,6 +53,7 @@ NO_DATASET = 0x0101
 _HEADER = struct.Struct(">BBL")
 _PDV_HEADER = struct.Struct(">LBB")
 _SHORT_ELEMENT = struct.Struct("<HH2sH")  # explicit VR little endian, 2-byte length
+_IMPLICIT_ELEMENT = struct.Struct("<HHL")  # implicit VR little endian: tag, 4-byte length
 _PREAMBLE = b"\x00" * 128 + b"DICM"
 
 
@@ -171,14 +171,9 @@ def decode_command(data: bytes | bytearray) -> Dataset:
         raise ProtocolError(f"malformed DIMSE command set: {exc}") from exc
 
 
-def encode_command_pdu(context_id: int, command: Dataset) -> bytes:
-    """A P-DATA-TF PDU carrying a whole command set (with its group length) in one PDV."""
-    elements = encode(command, True, True)
-    if elements is None:
-        raise ValueError("command set cannot be encoded")
-    group_length = struct.pack("<HHLL", 0x0000, 0x0000, 4, len(elements))
-    encoded = group_length + elements
-    pdv = _PDV_HEADER.pack(len(encoded) + 2, context_id, 0x03) + encoded
+def encode_command_pdu(context_id: int, command: bytes) -> bytes:
+    """A P-DATA-TF PDU carrying a whole encoded command set in one PDV."""
+    pdv = _PDV_HEADER.pack(len(command) + 2, context_id, 0x03) + command
     return _HEADER.pack(P_DATA_TF_TYPE, 0, len(pdv)) + pdv
 
 
@@ -213,17 +208,34 @@ def _meta_element(element: int, vr: str, value: str) -> bytes:
     return _SHORT_ELEMENT.pack(0x0002, element, vr.encode("ascii"), len(raw)) + raw
 
 
-def response(request: Dataset, command_field: int, status: int, comment: str = "") -> Dataset:
-    """The response command set to a C-STORE or C-ECHO request."""
-    rsp = Dataset()
-    rsp.AffectedSOPClassUID = request.AffectedSOPClassUID
-    rsp.CommandField = command_field
-    rsp.MessageIDBeingRespondedTo = request.MessageID
-    rsp.CommandDataSetType = NO_DATASET
-    rsp.Status = status
+def response(request: Dataset, command_field: int, status: int, comment: str = "") -> bytes:
+    """The encoded response command set (group length first) to a C-STORE or C-ECHO request.
+
+    Encoded directly, implicit VR little endian (PS3.7 section 6.3.1) with the elements in tag
+    order: through pydicom it took a tenth of a millisecond, on every C-STORE.
+    """
+    elements = [
+        _command_text(0x0002, str(request.get("AffectedSOPClassUID", "")), b"\x00"),
+        _command_us(0x0100, command_field),
+        _command_us(0x0120, int(request.get("MessageID", 0))),
+        _command_us(0x0800, NO_DATASET),
+        _command_us(0x0900, status),
+    ]
     if comment:
         # Error Comment is LO: at most 64 characters.
-        rsp.ErrorComment = comment[:64]
+        elements.append(_command_text(0x0902, comment[:64], b" "))
     if "AffectedSOPInstanceUID" in request:
-        rsp.AffectedSOPInstanceUID = request.AffectedSOPInstanceUID
-    return rsp
+        elements.append(_command_text(0x1000, str(request.AffectedSOPInstanceUID), b"\x00"))
+    body = b"".join(elements)
+    return _IMPLICIT_ELEMENT.pack(0x0000, 0x0000, 4) + struct.pack("<L", len(body)) + body
+
+
+def _command_us(element: int, value: int) -> bytes:
+    return _IMPLICIT_ELEMENT.pack(0x0000, element, 2) + struct.pack("<H", value)
+
+
+def _command_text(element: int, value: str, pad: bytes) -> bytes:
+    raw = value.encode("ascii", "replace")
+    if len(raw) % 2:
+        raw += pad
+    return _IMPLICIT_ELEMENT.pack(0x0000, element, len(raw)) + raw

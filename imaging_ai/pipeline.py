@@ -149,7 +149,11 @@ class Daemon:
             return "models not loaded"
         workers = self.processor.engines.pool.status()
         down = [w.device for w in workers if not w.alive]
-        return "ok" if workers and not down else f"inference workers down: {', '.join(down)}"
+        if not workers or down:
+            return f"inference workers down: {', '.join(down)}"
+        # A worker is ready once its engines are loaded and warmed up; until then it starts.
+        starting = [w.device for w in workers if w.state != "ready"]
+        return f"inference workers starting: {', '.join(starting)}" if starting else "ok"
 
     def _swap_models(self, engines: EngineSet) -> None:
         assert self.processor is not None

@@ -12,11 +12,11 @@ import ssl
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor, wait
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from pydicom import Dataset, dcmread
 from pydicom.filereader import read_dataset
@@ -54,6 +54,7 @@ from imaging_ai.errors import InvalidDataset, SOPClassMismatch, StartupError, St
 from imaging_ai.spool import Spool, check_uid, start_writeback, storage_error, write_all
 
 log = logging.getLogger(__name__)
+_T = TypeVar("_T")
 
 STORAGE_SOP_CLASSES = (CTImageStorage, EnhancedCTImageStorage)
 UNCOMPRESSED_SYNTAXES = (
@@ -74,6 +75,10 @@ UNDEFINED_LENGTH = 0xFFFFFFFF
 # The first bytes of a data set are kept in memory to read its header while the rest
 # (Pixel Data) is still arriving; a header longer than this is read from the file instead.
 HEAD_BYTES = 65536
+HEAD_SYNTAXES = (ExplicitVRLittleEndian, ImplicitVRLittleEndian)
+PIXEL_DATA_MARK = b"\xe0\x7f\x10\x00"  # (7FE0,0010) little endian
+# Empty temporary files each receiver process keeps created ahead (Spool.keep_spares).
+SPARE_FILES = 4
 
 
 class ReceiverStats:
@@ -115,6 +120,7 @@ class Header:
     dataset: Dataset
     meta: InstanceMeta | InvalidDataset  # what the catalog keeps, or why it cannot
     size: int  # bytes of the whole data set (Pixel Data's position counts from its start)
+    meta_length: int = 0  # bytes before the data set in its file: preamble and file meta
 
 
 def accepted_transfer_syntaxes() -> list[UID]:
@@ -220,6 +226,7 @@ class Receiver:
         while self.active_associations() and time.monotonic() < deadline:
             time.sleep(0.05)
         self._adopter.shutdown(wait=True)
+        self.spool.drop_spares()
 
     def active_associations(self) -> int:
         """Number of associations open now in this process."""
@@ -260,6 +267,7 @@ class Receiver:
     def serve_connection(self, sock: socket.socket, address: str) -> None:
         """Run one association on an accepted connection (in its own thread)."""
         self._count(1)
+        self.spool.keep_spares(SPARE_FILES)
         try:
             Association(sock, address, self).run()
         finally:
@@ -297,6 +305,10 @@ class Receiver:
         )
         return rejection
 
+    def decode_soon(self, function: Callable[[bytes], _T], head: bytes) -> Future[_T]:
+        """Run ``function(head)`` on the receiver's thread pool."""
+        return self._adopter.submit(function, head)
+
     def begin_store(self, command: Dataset, syntax: str, peer: Peer) -> IncomingInstance:
         """Where the fragments of an announced C-STORE data set go."""
         return IncomingInstance(self, command, syntax, peer)
@@ -309,14 +321,16 @@ class Receiver:
         peer: Peer,
         header: Header | None = None,
         synced: bool = False,
+        flush: Callable[[], None] | None = None,
     ) -> Dataset:
         """Keep a received dataset file; the one place exceptions become C-STORE statuses.
 
         ``header`` was read from the data set's first bytes (without it the file is read);
-        ``synced``: the file is already flushed to disk.
+        ``synced``: the file is already flushed to disk; else ``flush`` flushes it (and
+        may run beside the row's transaction), or the spool does.
         """
         try:
-            stored = self._store(path, command, syntax, peer, header, synced)
+            stored = self._store(path, command, syntax, peer, header, synced, flush)
         except Exception as exc:
             return self.refuse(exc)
         self._notify(stored)
@@ -345,6 +359,7 @@ class Receiver:
         peer: Peer,
         header: Header | None,
         synced: bool,
+        flush: Callable[[], None] | None,
     ) -> StoredInstance:
         self.spool.ensure_space()
         if header is None:
@@ -360,13 +375,12 @@ class Receiver:
             raise SOPClassMismatch("dataset SOP Class UID differs from the C-STORE request")
         relative = self.spool.relative_path(meta.study_uid, meta.series_uid, meta.sop_uid)
         replacing = self.spool.exists(relative)
-        size = path.stat().st_size
-        # The rename into the spool and its directory fsync run beside the row's
-        # transaction; the answer waits for both. A row whose file then fails to land is
-        # deleted again (a replaced instance keeps its row: its earlier file is untouched).
-        adopting = self._adopter.submit(
-            self.spool.adopt, path, meta.study_uid, meta.series_uid, meta.sop_uid, synced
-        )
+        size = path.stat().st_size if header is None else header.size + header.meta_length
+        # The flush to disk, the rename into the spool and its directory fsync run beside
+        # the row's transaction; the answer waits for both. A row whose file then fails to
+        # land is deleted again (a replaced instance keeps its row: its earlier file is
+        # untouched).
+        adopting = self._adopter.submit(self._land, path, meta, synced, flush, size)
         at = datetime.now(UTC)
         try:
             late = self.catalog.record(meta, relative, size, at)
@@ -382,6 +396,19 @@ class Receiver:
         if late:
             log.warning("late instance kept and flagged for an already completed study")
         return StoredInstance(meta, relative, size, late, at)
+
+    def _land(
+        self,
+        path: Path,
+        meta: InstanceMeta,
+        synced: bool,
+        flush: Callable[[], None] | None,
+        size: int,
+    ) -> None:
+        if flush is not None:
+            flush()
+            synced = True
+        self.spool.adopt(path, meta.study_uid, meta.series_uid, meta.sop_uid, synced, size)
 
     @staticmethod
     def _read_file(path: Path) -> Dataset:
@@ -432,8 +459,7 @@ class IncomingInstance:
         self._file: io.FileIO | None = None
         self._error: Exception | None = None
         self._head = bytearray()
-        self._header: Dataset | None = None
-        self._meta: InstanceMeta | InvalidDataset | None = None
+        self._parsing: Future[tuple[Dataset, InstanceMeta | InvalidDataset] | None] | None = None
         self._meta_length = 0  # preamble and file meta, before the data set
         self._written = 0  # bytes in the file, file meta included
         try:
@@ -460,37 +486,48 @@ class IncomingInstance:
             self._fail(storage_error(exc, "a received instance"))
             return
         self._written += len(data)
-        if self._header is None and len(self._head) < HEAD_BYTES:
-            self._head += data
-            self._header = read_header(self._head, self.syntax)
-            if self._header is not None:
-                # Decoded now, while Pixel Data is still arriving, not after the last byte.
-                try:
-                    calling = self.peer.calling_ae
-                    self._meta = self.receiver.header_meta(self._header, self.syntax, calling)
-                except InvalidDataset as exc:
-                    self._meta = exc
+        if self._parsing is None and len(self._head) < HEAD_BYTES and self.syntax in HEAD_SYNTAXES:
+            self._head += data[: HEAD_BYTES - len(self._head)]
+            if PIXEL_DATA_MARK in self._head:
+                # Decoded in another thread while this one takes the rest of Pixel Data.
+                head = bytes(self._head)
+                self._parsing = self.receiver.decode_soon(self._decode_head, head)
+
+    def _decode_head(self, head: bytes) -> tuple[Dataset, InstanceMeta | InvalidDataset] | None:
+        header = read_header(head, self.syntax)
+        if header is None:
+            return None  # the mark was inside another value: the file is read at the end
+        try:
+            return header, self.receiver.header_meta(header, self.syntax, self.peer.calling_ae)
+        except InvalidDataset as exc:
+            return header, exc
 
     def finish(self) -> Dataset:
-        """Flush the file to disk, then keep it (rename, row); give the C-STORE status."""
+        """Flush the file to disk and keep it (rename, row); give the C-STORE status."""
         if self._file is None or self.path is None:
             return self.receiver.refuse(self._error or StorageError("nothing was received"))
+        header = None
+        decoded = self._parsing.result() if self._parsing is not None else None
+        if decoded is not None:
+            size = self._written - self._meta_length
+            header = Header(decoded[0], decoded[1], size, self._meta_length)
+        status = self.receiver.store(
+            self.path, self.command, self.syntax, self.peer, header, flush=self._flush
+        )
+        self._close()
+        if status.Status != STATUS_SUCCESS:
+            self.path.unlink(missing_ok=True)  # refused: the file never left tmp
+        return status
+
+    def _flush(self) -> None:
+        """fdatasync the file (in the receiver's adopting thread, beside the row)."""
+        assert self._file is not None
         try:
             os.fdatasync(self._file.fileno())
         except OSError as exc:
-            self._fail(storage_error(exc, "a received instance"))
-            return self.receiver.refuse(self._error or exc)
+            raise storage_error(exc, "a received instance") from exc
         finally:
             self._close()
-        header = None
-        if self._header is not None and self._meta is not None:
-            header = Header(self._header, self._meta, self._written - self._meta_length)
-        try:
-            return self.receiver.store(
-                self.path, self.command, self.syntax, self.peer, header, synced=True
-            )
-        finally:
-            self.path.unlink(missing_ok=True)  # still here only if it was refused
 
     def discard(self) -> None:
         """The transfer broke off before the last fragment: nothing is kept."""
@@ -516,7 +553,7 @@ def read_header(head: bytes | bytearray, syntax: str) -> Dataset | None:
     whose encoding needs the whole file, such as deflate), and the file is read at the end.
     Every element before Pixel Data is complete in ``head`` when Pixel Data's header is.
     """
-    if syntax not in (ExplicitVRLittleEndian, ImplicitVRLittleEndian):
+    if syntax not in HEAD_SYNTAXES:
         return None
     try:
         ds = read_dataset(

@@ -13,6 +13,7 @@ import sys
 import threading
 import time
 import uuid
+from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -102,6 +103,11 @@ class Spool:
         self._free_bytes = 0
         # Directories known to exist; a set of paths is enough since nothing removes them.
         self._dirs: set[Path] = set()
+        # Temporary files created ahead of need (keep_spares), taken by open_temporary.
+        self._spares: deque[tuple[Path, io.FileIO]] = deque()
+        self._spare_target = 0
+        self._spare_cond = threading.Condition()
+        self._spare_thread: threading.Thread | None = None
 
     def prepare(self) -> None:
         """Create the spool and drop temporary files of writes that never finished.
@@ -138,6 +144,60 @@ class Spool:
         StorageError
             OutOfResources when the disk is full.
         """
+        with self._spare_cond:
+            if self._spares:
+                self._spare_cond.notify()
+                return self._spares.popleft()
+        return self._create_temporary()
+
+    def keep_spares(self, count: int) -> None:
+        """Keep ``count`` empty temporary files created ahead, for ``open_temporary``.
+
+        Creating a file waits for the filesystem's journal (about a millisecond while
+        other files are being synced); a thread does that between instances instead of
+        while a peer waits for its C-STORE answer.
+        """
+        with self._spare_cond:
+            self._spare_target = count
+            self._spare_cond.notify()
+            if self._spare_thread is None and count > 0:
+                self._spare_thread = threading.Thread(
+                    target=self._fill_spares, name="spool-spares", daemon=True
+                )
+                self._spare_thread.start()
+
+    def drop_spares(self) -> None:
+        """Stop creating spares and remove the unused ones."""
+        with self._spare_cond:
+            self._spare_target = 0
+            spares, self._spares = list(self._spares), deque()
+            self._spare_cond.notify()
+        for path, file in spares:
+            file.close()
+            path.unlink(missing_ok=True)
+
+    def _fill_spares(self) -> None:
+        while True:
+            with self._spare_cond:
+                while len(self._spares) >= self._spare_target:
+                    if self._spare_target == 0:
+                        self._spare_thread = None
+                        return
+                    self._spare_cond.wait()
+            try:
+                spare = self._create_temporary()
+            except StorageError:
+                # The disk is full or failing: open_temporary reports it to the sender.
+                time.sleep(1.0)
+                continue
+            with self._spare_cond:
+                if self._spare_target == 0:
+                    spare[1].close()
+                    spare[0].unlink(missing_ok=True)
+                else:
+                    self._spares.append(spare)
+
+    def _create_temporary(self) -> tuple[Path, io.FileIO]:
         path = self.tmp_dir / f"{uuid.uuid4().hex}.part"
         try:
             # Unbuffered: each fragment goes to the kernel at once (see start_writeback).
@@ -175,13 +235,20 @@ class Spool:
         return self.adopt(tmp, study_uid, series_uid, sop_uid)
 
     def adopt(
-        self, src: Path, study_uid: str, series_uid: str, sop_uid: str, synced: bool = False
+        self,
+        src: Path,
+        study_uid: str,
+        series_uid: str,
+        sop_uid: str,
+        synced: bool = False,
+        size: int | None = None,
     ) -> SpooledFile:
         """Move a complete Part-10 file into the spool durably (fsync, rename, fsync dir).
 
         ``src`` should be on the spool's filesystem (``tmp_dir``) so the rename is atomic;
         elsewhere it is copied first. ``synced`` says its data was already flushed to disk
-        (``os.fdatasync`` by the writer), which saves opening it again.
+        (``os.fdatasync`` by the writer), which saves opening it again; ``size``, its
+        length in bytes when the caller knows it.
         """
         relative = self.relative_path(study_uid, series_uid, sop_uid)
         final = self.root / relative
@@ -190,10 +257,11 @@ class Spool:
                 src = Path(
                     shutil.copy(src, self.tmp_dir / f"{sop_uid}.{threading.get_ident()}.tmp")
                 )
-                synced = False
+                synced, size = False, None
             if not synced:
                 _fsync_file(src)
-            size = src.stat().st_size
+            if size is None:
+                size = src.stat().st_size
             if final.parent not in self._dirs:
                 final.parent.mkdir(parents=True, exist_ok=True)
                 self._dirs.add(final.parent)

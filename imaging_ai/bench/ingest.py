@@ -11,6 +11,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from functools import partial
@@ -173,9 +174,23 @@ def _run_daemon(files: list[Path], associations: int, work: Path) -> float:
     )
     cmd = [sys.executable, "-m", "imaging_ai", "serve", "--config", str(config)]
     with _server(cmd, port):
+        # Engines load and warm up after the port opens; their start-up is not ingest.
+        _wait_readyz(http_port)
         rate = send(files, port, associations)
     shutil.rmtree(data, ignore_errors=True)
     return rate
+
+
+def _wait_readyz(http_port: int, timeout_s: float = 180) -> None:
+    """Wait until the daemon's /readyz says every check is ok."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{http_port}/readyz", timeout=5):
+                return
+        except OSError:  # refused while starting, or 503 (HTTPError) until every check is ok
+            time.sleep(0.2)
+    raise RuntimeError(f"daemon not ready within {timeout_s:.0f} s")
 
 
 def _print_table(images: int, rows: list[tuple[int, float, float, float]]) -> None:

@@ -1,0 +1,74 @@
+"""The DIMSE response command set, encoded by hand, against pydicom's encoding of the same."""
+
+from __future__ import annotations
+
+import struct
+
+import pytest
+from pydicom import Dataset
+from pynetdicom.dsutils import encode
+
+from imaging_ai import dul
+
+SOP_CLASS = "1.2.840.10008.5.1.4.1.1.2"
+SOP_INSTANCE = "1.2.826.0.1.3680043.8.498.1234567890123456789012345"  # odd length: padded
+
+
+def _request(with_instance: bool = True) -> Dataset:
+    request = Dataset()
+    request.AffectedSOPClassUID = SOP_CLASS
+    request.CommandField = dul.C_STORE_RQ
+    request.MessageID = 4242
+    request.Priority = 0
+    request.CommandDataSetType = 0x0001
+    if with_instance:
+        request.AffectedSOPInstanceUID = SOP_INSTANCE
+    return request
+
+
+def _pydicom_response(request: Dataset, command_field: int, status: int, comment: str) -> bytes:
+    rsp = Dataset()
+    rsp.AffectedSOPClassUID = request.AffectedSOPClassUID
+    rsp.CommandField = command_field
+    rsp.MessageIDBeingRespondedTo = request.MessageID
+    rsp.CommandDataSetType = dul.NO_DATASET
+    rsp.Status = status
+    if comment:
+        rsp.ErrorComment = comment[:64]
+    if "AffectedSOPInstanceUID" in request:
+        rsp.AffectedSOPInstanceUID = request.AffectedSOPInstanceUID
+    elements = encode(rsp, True, True)
+    assert elements is not None
+    return struct.pack("<HHLL", 0, 0, 4, len(elements)) + elements
+
+
+@pytest.mark.parametrize(
+    ("status", "comment", "with_instance"),
+    [
+        (0x0000, "", True),
+        (0xA700, "disk below storage.min_free_mb: 3 MB free", True),
+        (0xC000, "odd", True),  # an odd-length comment is padded with a space
+        (0x0211, "", False),
+        (0xA900, "x" * 80, True),  # Error Comment is LO: cut to 64 characters
+    ],
+)
+def test_response_is_byte_for_byte_what_pydicom_encodes(
+    status: int, comment: str, with_instance: bool
+) -> None:
+    request = _request(with_instance)
+    ours = dul.response(request, dul.C_STORE_RSP, status, comment)
+    assert ours == _pydicom_response(request, dul.C_STORE_RSP, status, comment)
+    decoded = dul.decode_command(ours)
+    assert decoded.Status == status
+    assert decoded.MessageIDBeingRespondedTo == 4242
+    assert decoded.CommandField == dul.C_STORE_RSP
+
+
+def test_command_pdu_wraps_one_last_command_pdv() -> None:
+    command = dul.response(_request(), dul.C_STORE_RSP, 0)
+    pdu = dul.encode_command_pdu(3, command)
+    pdu_type, _, length = struct.unpack(">BBL", pdu[:6])
+    assert (pdu_type, length) == (dul.P_DATA_TF_TYPE, len(pdu) - 6)
+    (pdv,) = list(dul.iter_pdvs(bytearray(pdu[6:])))
+    assert (pdv.context_id, pdv.is_command, pdv.is_last) == (3, True, True)
+    assert bytes(pdv.data) == command
