@@ -12,6 +12,7 @@ from __future__ import annotations
 import importlib
 import logging
 import threading
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -56,6 +57,7 @@ class OrtOptions:
     provider: OrtProvider = "cpu"
     device_id: int = 0
     intra_op_threads: int = 0  # 0: ONNX Runtime's default (one per physical core)
+    allow_spinning: bool = True  # False: idle pool threads sleep at once instead of spinning
     precision: Precision = "fp32"
     prefer_nhwc: bool = False
     cuda_graph: bool = False
@@ -240,6 +242,8 @@ class OrtBackend:
         so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         so.intra_op_num_threads = self.options.intra_op_threads
         so.inter_op_num_threads = 1
+        if not self.options.allow_spinning:
+            so.add_session_config_entry("session.intra_op.allow_spinning", "0")
         so.log_severity_level = 3
         providers = provider_config(self.options, card)
         errors: tuple[type[BaseException], ...] = (*ort_errors(ort), OSError)
@@ -293,6 +297,20 @@ class OrtEngine:
     def close(self) -> None:
         """Drop the session."""
         self._session = None
+
+
+_stages = threading.local()
+
+
+def last_stages() -> tuple[int, int, int] | None:
+    """Nanoseconds of copy in, run and copy out of this thread's last IO-bound batch, read once.
+
+    For tracing where a worker's batch time goes (`imaging_ai.workers.BatchTrace`); None when
+    this thread ran no `OrtBoundEngine` batch since the last call.
+    """
+    stages: tuple[int, int, int] | None = getattr(_stages, "last", None)
+    _stages.last = None
+    return stages
 
 
 @dataclass
@@ -430,9 +448,13 @@ class OrtBoundEngine:
         slot = self._slots[padded_size(n, self._sizes)]
         with self._lock:
             try:
+                t0 = time.perf_counter_ns()
                 self._copy_in(slot, inputs, n)
+                t1 = time.perf_counter_ns()
                 self._session.run_with_iobinding(slot.binding, slot.run_options)
+                t2 = time.perf_counter_ns()
                 self._copy_out(slot, outputs, n)
+                _stages.last = (t1 - t0, t2 - t1, time.perf_counter_ns() - t2)
             except self._errors as exc:
                 raise EngineError(f"{self._card.name}: {self._info.backend} failed: {exc}") from exc
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import types
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -20,6 +21,7 @@ from imaging_ai.infer.ort import (
     OrtOptions,
     PieceCopier,
     gpu_tuned,
+    last_stages,
     provider_config,
 )
 from tests.infer.tiny_model import TinyModel
@@ -176,3 +178,27 @@ def test_the_daemon_runs_the_cuda_provider_with_io_binding_and_nhwc_for_fp16() -
     fp32 = gpu_tuned(OrtOptions(provider="cuda"))
     assert fp32.io_binding and not fp32.prefer_nhwc
     assert gpu_tuned(OrtOptions()) == OrtOptions()  # the CPU provider is left alone
+
+
+def test_pool_threads_can_be_told_not_to_spin(tiny: TinyModel) -> None:
+    key = "session.intra_op.allow_spinning"
+    quiet = OrtBackend(OrtOptions(intra_op_threads=2, allow_spinning=False)).load(tiny.card)
+    default = OrtBackend(OrtOptions(intra_op_threads=2)).load(tiny.card)
+    assert quiet._session.get_session_options().get_session_config_entry(key) == "0"  # type: ignore[attr-defined]
+    with pytest.raises(RuntimeError, match="does not have"):  # ONNX Runtime's default: spin
+        default._session.get_session_options().get_session_config_entry(key)  # type: ignore[attr-defined]
+    batch = tiny.batch(2)
+    np.testing.assert_allclose(quiet.infer(batch), tiny.expected(batch), atol=1e-5)
+
+
+def test_a_bound_batch_leaves_its_copy_and_run_times_for_its_thread_once(tiny: TinyModel) -> None:
+    engine = OrtBackend(OrtOptions(io_binding=True, max_batch_size=4)).load(tiny.card)
+    last_stages()  # the warm-up's
+    engine.infer(tiny.batch(3))
+    stages = last_stages()
+    assert stages is not None and len(stages) == 3 and all(ns >= 0 for ns in stages)
+    assert stages[1] > 0  # the run
+    assert last_stages() is None  # taken once
+    with ThreadPoolExecutor(1) as other:
+        other.submit(engine.infer, tiny.batch(1)).result()
+    assert last_stages() is None  # another thread's batch
