@@ -54,6 +54,7 @@ from imaging_ai.infer.base import (
 )
 from imaging_ai.infer.cuda_mem import CudaRuntime, PinnedBuffer
 from imaging_ai.infer.fake import FixedLatencyBackend
+from imaging_ai.infer.ort import last_stages
 from imaging_ai.modelcard import ModelCard, load_model_card
 
 log = logging.getLogger(__name__)
@@ -61,6 +62,7 @@ log = logging.getLogger(__name__)
 EngineFactory = Callable[[ModelCard, str], Engine]
 _PARENT_POLL_S = 0.5
 _TICK_S = 0.1
+_TRACES = 4096  # traces of the latest batches kept for `WorkerPool.take_traces`
 _PR_SET_PDEATHSIG = 1
 Pieces = tuple[FloatArray, FloatArray]
 
@@ -78,7 +80,11 @@ class WorkerSpec:
     another's kernels; a CPU worker runs one (its engine has threads of its own). CUDA graphs
     need one at a time: a capture in one thread breaks CUDA calls in the others. With
     `staged_copies` a GPU worker copies each batch through page-locked buffers of its own
-    instead of page-locking the shared slots.
+    instead of page-locking the shared slots. `gpu_threads` is ONNX Runtime's intra-op threads
+    per GPU session: a CUDA graph's few CPU nodes are shape arithmetic, and the default (0: one
+    pinned thread per physical core, spinning after every run) puts dozens of spinning threads
+    per worker on the cores that feed the GPUs. A GPU worker's CPU-fallback sessions keep
+    `cpu_threads` but do not spin: they sit idle unless a GPU fails.
     """
 
     model_dirs: tuple[Path, ...]
@@ -91,12 +97,15 @@ class WorkerSpec:
     cuda_graphs: bool = False
     concurrency: int = 2  # measured on two H200s: docs/benchmarks.md, "One GPU vs two"
     staged_copies: bool = False
+    gpu_threads: int = 1
 
     def __post_init__(self) -> None:
         if self.concurrency < 1:
             raise ValueError(f"concurrency = {self.concurrency}: expected >= 1")
         if self.cuda_graphs and self.concurrency > 1:
             raise ValueError("CUDA graphs need concurrency = 1: a capture breaks other threads")
+        if self.gpu_threads < 0:
+            raise ValueError(f"gpu_threads = {self.gpu_threads}: expected >= 0")
 
 
 @dataclass(frozen=True)
@@ -139,6 +148,28 @@ class WorkerStatus:
 
 
 @dataclass(frozen=True)
+class BatchTrace:
+    """One batch's way through a worker, in nanoseconds of the host's monotonic clock.
+
+    `sent` and `returned` are the daemon's (task written to the worker's pipe, result read
+    back); `received`, `started` (a set of engines free), `ended` (outputs in the slots) and
+    `replied` the worker's. `stages` is the engine's own copy in, run and copy out (ns) where it
+    reports them (`infer.ort.last_stages`). CLOCK_MONOTONIC is one clock for every process.
+    """
+
+    model: str
+    size: int
+    worker: int
+    sent: int
+    received: int
+    started: int
+    ended: int
+    replied: int
+    returned: int
+    stages: tuple[int, int, int] | None
+
+
+@dataclass(frozen=True)
 class _Task:
     """Parent to worker: run the inputs in these arena slots; write the outputs into them."""
 
@@ -158,11 +189,17 @@ class _Ready:
 
 @dataclass(frozen=True)
 class _Done:
-    """Worker to parent: the outputs are in the batch's output slots."""
+    """Worker to parent: the outputs are in the batch's output slots.
+
+    `marks` (the worker's received, started, ended, replied) and `stages` (the engine's) make
+    the batch's `BatchTrace`.
+    """
 
     job: int
     seconds: float
     fallbacks: int
+    marks: tuple[int, int, int, int] = (0, 0, 0, 0)
+    stages: tuple[int, int, int] | None = None
 
 
 @dataclass(frozen=True)
@@ -233,10 +270,11 @@ def _load_engines(spec: WorkerSpec, device: str) -> tuple[dict[str, Engine], dic
     # The same options as `analyse.load_models`, so a worker runs what `imaging-ai infer` runs.
     cpu = OrtOptions(intra_op_threads=spec.cpu_threads, max_batch_size=spec.max_batch_size)
     gpu = replace(cpu, precision="fp16" if spec.precision == "fp16" else "fp32")
-    gpu = replace(gpu, cuda_graph=spec.cuda_graphs)
+    gpu = replace(gpu, cuda_graph=spec.cuda_graphs, intra_op_threads=spec.gpu_threads)
     setting = "onnxruntime-cpu" if device == "cpu" else spec.backend
     backend = make_backend(setting, spec.data_dir, ort_cpu=cpu, ort_gpu=gpu)
-    return {n: load_engine(backend, c, cpu=cpu) for n, c in cards.items()}, cards
+    fallback = cpu if backend.device == "cpu" else replace(cpu, allow_spinning=False)
+    return {n: load_engine(backend, c, cpu=fallback) for n, c in cards.items()}, cards
 
 
 def _worker_main(
@@ -272,15 +310,20 @@ def _serve(conn: Connection, sets: list[dict[str, Engine]], parent_pid: int, sta
         free.put(_Runner(engines, _Staging() if on_gpu and staged else None))
     sending, clock = threading.Lock(), _BusyClock()
 
-    def run(task: _Task, runner: _Runner) -> None:
+    def run(task: _Task, runner: _Runner, received: int) -> None:
         try:
+            started = time.monotonic_ns()
             clock.start()
             result = _run_task(task, runner, arenas, sets)
+            ended = time.monotonic_ns()
             if isinstance(result, _Done):  # busy time counts once however many batches ran
                 result = replace(result, seconds=clock.stop())
             else:
                 clock.stop()
             with sending, contextlib.suppress(OSError):  # the parent is gone: nothing to tell
+                if isinstance(result, _Done):
+                    marks = (received, started, ended, time.monotonic_ns())
+                    result = replace(result, marks=marks)
                 conn.send(result)
         finally:
             free.put(runner)
@@ -291,9 +334,10 @@ def _serve(conn: Connection, sets: list[dict[str, Engine]], parent_pid: int, sta
             if not conn.poll(_PARENT_POLL_S):
                 continue
             task = conn.recv()
+            received = time.monotonic_ns()
             if task is None:
                 return
-            runners.submit(run, task, free.get())  # waits while every set is busy
+            runners.submit(run, task, free.get(), received)  # waits while every set is busy
     except (EOFError, OSError):  # the parent is gone
         return
     finally:
@@ -431,6 +475,7 @@ def _run_task(
         arena = arenas.get(task.arena)
         pieces = arena.pieces(task.slots)
         engine = runner.engines[task.model]
+        last_stages()  # forget a failed batch's
         if runner.staging is not None:
             runner.staging.run(task.model, engine, arena.ref, pieces)
         else:
@@ -439,7 +484,7 @@ def _run_task(
         reason = f"{type(exc).__name__}: {exc}"
         return _Failed(task.job, reason, retry=isinstance(exc, EngineError | MemoryError))
     fallbacks = sum(e.info.fallbacks for each in sets for e in each.values())
-    return _Done(task.job, time.perf_counter() - started, fallbacks)
+    return _Done(task.job, time.perf_counter() - started, fallbacks, stages=last_stages())
 
 
 # ---- the parent side -----------------------------------------------------------------------
@@ -455,6 +500,7 @@ class _Job:
     done: BatchCallback
     attempts: int = 0
     avoid: int | None = None
+    sent: int = 0  # time.monotonic_ns() of its last send to a worker
 
 
 @dataclass(eq=False)
@@ -507,6 +553,7 @@ class WorkerPool:
         self._ids = itertools.count()
         self._out_shapes: dict[str, tuple[int, ...]] = {}
         self._phase = "new"  # new | starting | running | stopping | stopped
+        self._traces: deque[BatchTrace] = deque(maxlen=_TRACES)
         self._started_at = time.monotonic()
         self._watchdog: threading.Thread | None = None
 
@@ -702,6 +749,13 @@ class WorkerPool:
         with self._cond:
             return tuple(self._status(w) for w in self._workers)
 
+    def take_traces(self) -> list[BatchTrace]:
+        """Traces of the batches finished since the last call (of the latest 4,096 at most)."""
+        with self._cond:
+            traces = list(self._traces)
+            self._traces.clear()
+            return traces
+
     def _status(self, w: _Worker) -> WorkerStatus:
         backend = next(iter(w.infos.values())).backend if w.infos else ""
         elapsed = max(time.monotonic() - self._started_at, 1e-9)
@@ -743,6 +797,7 @@ class WorkerPool:
         w.inflight[job.id] = job
         assert w.conn is not None
         task = _Task(job.id, job.model, job.batch.arena.ref, job.batch.slots)
+        job.sent = time.monotonic_ns()
         with contextlib.suppress(OSError):  # a dead worker: the watchdog retries its batches
             w.conn.send(task)
         faults.reach("in:batch")
@@ -806,7 +861,7 @@ class WorkerPool:
         if isinstance(message, _Ready):
             self._on_ready(w, message)
         elif isinstance(message, _Done):
-            self._on_done(w, message)
+            self._on_done(w, message, time.monotonic_ns())
         elif isinstance(message, _Failed):
             self._on_failed(w, message)
 
@@ -827,11 +882,15 @@ class WorkerPool:
             self._pump()
             self._cond.notify_all()
 
-    def _on_done(self, w: _Worker, message: _Done) -> None:
+    def _on_done(self, w: _Worker, message: _Done, returned: int) -> None:
         with self._cond:
             job = w.inflight.pop(message.job, None)
             if job is None:
                 return
+            times = (job.sent, *message.marks, returned)
+            self._traces.append(
+                BatchTrace(job.model, len(job.batch), w.index, *times, message.stages)
+            )
             w.batches_done, w.busy_s = w.batches_done + 1, w.busy_s + message.seconds
             w.sizes[len(job.batch)] += 1
             w.fallbacks = w.fallbacks_before + message.fallbacks

@@ -7,6 +7,7 @@ import subprocess
 import sys
 import threading
 import time
+import types
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -460,3 +461,56 @@ def test_staged_copies_gather_a_batch_into_page_locked_buffers_and_scatter_it_ba
 def test_cuda_graphs_need_one_batch_at_a_time(tiny: TinyModel) -> None:
     with pytest.raises(ValueError, match="CUDA graphs need concurrency = 1"):
         WorkerSpec((tiny.card.folder,), cuda_graphs=True, concurrency=2)
+
+
+def test_each_batch_leaves_a_trace_of_its_way_through_the_worker(
+    tiny: TinyModel, pools: list[WorkerPool]
+) -> None:
+    pool = start_pool(tiny, "fake:latency=0.02")
+    pools.append(pool)
+    results = Results(pool)
+    submit(pool, results, "a", batch(1.0, 2.0, 3.0))
+    results.wait("a")
+    wait_until(lambda: bool(pool._traces))
+    (trace,) = pool.take_traces()
+    assert (trace.model, trace.size, trace.worker, trace.stages) == ("tiny", 3, 0, None)
+    times = (trace.sent, trace.received, trace.started, trace.ended, trace.replied, trace.returned)
+    assert list(times) == sorted(times) and trace.sent > 0
+    assert trace.ended - trace.started >= 20_000_000  # the engine's 20 ms are inside
+    assert pool.take_traces() == []
+
+
+@dataclass
+class Loaded:
+    """What `_load_engines` asked of `make_backend` and `load_engine`."""
+
+    gpu: object = None
+    fallback: list[object] | None = None
+
+
+@pytest.mark.parametrize(("device", "spins"), [("cuda:0", False), ("cpu", True)])
+def test_gpu_sessions_get_their_own_threads_and_their_fallbacks_do_not_spin(
+    tiny: TinyModel, monkeypatch: pytest.MonkeyPatch, device: str, spins: bool
+) -> None:
+    from imaging_ai.infer import select
+
+    seen = Loaded(fallback=[])
+
+    def make_backend(setting: str, data_dir: Path, **options: object) -> object:
+        seen.gpu = options["ort_gpu"]
+        return types.SimpleNamespace(device=device)
+
+    def load_engine(backend: object, card: ModelCard, *, cpu: object) -> object:
+        assert seen.fallback is not None
+        seen.fallback.append(cpu)
+        return object()
+
+    monkeypatch.setattr(select, "make_backend", make_backend)
+    monkeypatch.setattr(select, "load_engine", load_engine)
+    spec = WorkerSpec((tiny.card.folder,), backend="onnxruntime-cuda", cpu_threads=3)
+    workers._load_engines(spec, device)
+    assert seen.gpu.intra_op_threads == 1  # type: ignore[attr-defined]
+    (fallback,) = seen.fallback
+    assert fallback.intra_op_threads == 3 and fallback.allow_spinning is spins  # type: ignore[attr-defined]
+    with pytest.raises(ValueError, match="gpu_threads"):
+        WorkerSpec((tiny.card.folder,), gpu_threads=-1)
