@@ -194,7 +194,7 @@ def timed(
     ]
     run_studies(batchers, cards, inputs, min(args.clients, args.studies), args.clients)
     before = {w.index: (w.busy_s, w.batches_done, w.pid) for w in pool.status()}
-    cpu0, samples = self_cpu_s(), []
+    cpu0, samples = self_cpu_s(), list[list[float]]()
     worker_cpu0 = {i: proc_cpu_s(p[2]) for i, p in before.items() if p[2]}
     with gpu_sampler(samples):
         seconds, spread = run_studies(batchers, cards, inputs, args.studies, args.clients)

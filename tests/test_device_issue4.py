@@ -1,0 +1,67 @@
+"""scripts/device_issue4.py: imports on the GPU machine, and its summaries of batch traces."""
+
+from __future__ import annotations
+
+import runpy
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from imaging_ai.workers import BatchTrace
+
+SCRIPT = Path(__file__).parents[1] / "scripts" / "device_issue4.py"
+ABSENT_ON_GPU_MACHINE = ("pydicom", "pynetdicom", "highdicom", "SimpleITK", "sqlalchemy")
+
+
+def test_the_script_imports_without_dicom_or_database_packages() -> None:
+    code = "\n".join(
+        [
+            "import runpy, sys",
+            f"for name in {ABSENT_ON_GPU_MACHINE!r}: sys.modules[name] = None",
+            f"sys.argv = [{str(SCRIPT)!r}, '--help']",
+            "try:",
+            f"    runpy.run_path({str(SCRIPT)!r}, run_name='__main__')",
+            "except SystemExit as exc:",
+            "    sys.exit(exc.code)",
+        ]
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    assert "--budget-s" in result.stdout
+
+
+def script() -> dict[str, Any]:
+    return runpy.run_path(str(SCRIPT))
+
+
+def trace(start: int, stages: tuple[int, int, int] | None) -> BatchTrace:
+    ms = 1_000_000
+    times = [start + k * ms for k in (0, 1, 2, 10, 11, 13)]  # sent ... returned
+    return BatchTrace("lung-seg", 64, 0, *times, stages)
+
+
+def test_a_trace_row_splits_the_round_trip_into_medians_in_ms() -> None:
+    row = script()["trace_row"]([trace(0, (2_000_000, 5_000_000, 1_000_000)), trace(50, None)])
+    assert row["batches"] == 2 and row["to_worker"] == 1.0 and row["wait_engines"] == 1.0
+    assert (row["copy_in"], row["run"], row["copy_out"]) == (2.0, 5.0, 1.0)
+    assert row["rest_in_worker"] == 0.0 and row["in_worker"] == 8.0
+    assert (row["reply"], row["back"], row["round_trip"]) == (1.0, 2.0, 13.0)
+
+
+def test_the_headline_compares_the_median_runs_of_two_gpus_and_one() -> None:
+    def load(gpus: int, rate: float) -> dict[str, Any]:
+        workers = [{"busy": 0.9}] * gpus
+        gpu = [{"util": 0.7}] * gpus
+        return {
+            "gpus": gpus,
+            "gpu_threads": 1,
+            "slices_per_s": rate,
+            "workers": workers,
+            "gpu": gpu,
+        }
+
+    line = script()["headline"]([load(1, 100.0), load(2, 190.0), load(1, 110.0), load(2, 180.0)])
+    assert line.startswith("headline: two GPUs at 1.76x one")
+    assert "busy 90%-90%, GPU util 70%-70%" in line
+    assert "no one-vs-two" in script()["headline"]([load(1, 100.0)])
