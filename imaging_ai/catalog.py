@@ -16,6 +16,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from imaging_ai.db.models import Instance, Series, Study
+from imaging_ai.dicom_head import HeadValues
 from imaging_ai.errors import InvalidDataset
 from imaging_ai.spool import Spool
 
@@ -24,6 +25,16 @@ log = logging.getLogger(__name__)
 RECEIVING = "receiving"
 _ID_CACHE_SIZE = 10_000
 _REQUIRED = ("StudyInstanceUID", "SeriesInstanceUID", "SOPInstanceUID", "SOPClassUID")
+# Every attribute meta_from_dataset reads (besides the routing tags).
+CATALOG_KEYWORDS = (
+    *_REQUIRED,
+    "Modality",
+    "SeriesNumber",
+    "AccessionNumber",
+    "PatientName",
+    "PatientID",
+    "StudyDate",
+)
 _Row = TypeVar("_Row", Study, Series)
 
 
@@ -47,7 +58,10 @@ class InstanceMeta:
 
 
 def meta_from_dataset(
-    ds: pydicom.Dataset, transfer_syntax_uid: str, calling_ae: str, routing_tags: tuple[str, ...]
+    ds: pydicom.Dataset | HeadValues,
+    transfer_syntax_uid: str,
+    calling_ae: str,
+    routing_tags: tuple[str, ...],
 ) -> InstanceMeta:
     """Read the attributes the catalog needs; never touches Pixel Data.
 
@@ -81,7 +95,7 @@ def meta_from_dataset(
     )
 
 
-def routing_values(ds: pydicom.Dataset, tags: tuple[str, ...]) -> dict[str, str]:
+def routing_values(ds: pydicom.Dataset | HeadValues, tags: tuple[str, ...]) -> dict[str, str]:
     """Values of the tags that priority rules read, top level or in Request Attributes."""
     values: dict[str, str] = {}
     requests = ds.get("RequestAttributesSequence") or []

@@ -40,7 +40,7 @@ from pynetdicom.sop_class import (  # type: ignore[attr-defined]
 )
 from sqlalchemy.exc import SQLAlchemyError
 
-from imaging_ai import dul
+from imaging_ai import dicom_head, dul
 from imaging_ai.association import (
     REJECT_BUSY,
     REJECT_CALLED_AE,
@@ -48,8 +48,9 @@ from imaging_ai.association import (
     Association,
     Peer,
 )
-from imaging_ai.catalog import Catalog, InstanceMeta, meta_from_dataset
+from imaging_ai.catalog import CATALOG_KEYWORDS, Catalog, InstanceMeta, meta_from_dataset
 from imaging_ai.config import DicomConfig
+from imaging_ai.dicom_head import HeadValues, PixelFacts, needed_bytes
 from imaging_ai.errors import InvalidDataset, SOPClassMismatch, StartupError, StorageError
 from imaging_ai.spool import Spool, check_uid, start_writeback, storage_error, write_all
 
@@ -117,7 +118,7 @@ class StoredInstance:
 class Header:
     """A data set's attributes up to Pixel Data, read before its last fragment arrived."""
 
-    dataset: Dataset
+    pixel: PixelFacts
     meta: InstanceMeta | InvalidDataset  # what the catalog keeps, or why it cannot
     size: int  # bytes of the whole data set (Pixel Data's position counts from its start)
     meta_length: int = 0  # bytes before the data set in its file: preamble and file meta
@@ -186,6 +187,7 @@ class Receiver:
         self.ae_title = config.ae_title
         self.max_pdu = config.max_pdu
         self.contexts = supported_contexts()
+        self.head_reader = dicom_head.Reader(CATALOG_KEYWORDS + routing_tags)
         self._server: _Server | None = None
         self._adopter = ThreadPoolExecutor(config.max_associations, "dicom-adopt")
         self._active = 0
@@ -364,10 +366,10 @@ class Receiver:
         self.spool.ensure_space()
         if header is None:
             ds = self._read_file(path)
-            _check_pixel_data_complete(ds, path.stat().st_size)
+            _check_pixel_data_complete(pixel_facts(ds), path.stat().st_size)
             meta = self.header_meta(ds, syntax, peer.calling_ae)
         else:
-            _check_pixel_data_complete(header.dataset, header.size)
+            _check_pixel_data_complete(header.pixel, header.size)
             if isinstance(header.meta, InvalidDataset):
                 raise header.meta
             meta = header.meta
@@ -418,7 +420,7 @@ class Receiver:
         except Exception as exc:
             raise InvalidDataset(f"dataset cannot be decoded: {exc}") from exc
 
-    def header_meta(self, ds: Dataset, syntax: str, calling_ae: str) -> InstanceMeta:
+    def header_meta(self, ds: Dataset | HeadValues, syntax: str, calling_ae: str) -> InstanceMeta:
         """What the catalog keeps of a data set's header.
 
         Raises
@@ -459,7 +461,7 @@ class IncomingInstance:
         self._file: io.FileIO | None = None
         self._error: Exception | None = None
         self._head = bytearray()
-        self._parsing: Future[tuple[Dataset, InstanceMeta | InvalidDataset] | None] | None = None
+        self._parsing: Future[tuple[PixelFacts, InstanceMeta | InvalidDataset] | None] | None = None
         self._meta_length = 0  # preamble and file meta, before the data set
         self._written = 0  # bytes in the file, file meta included
         try:
@@ -493,14 +495,19 @@ class IncomingInstance:
                 head = bytes(self._head)
                 self._parsing = self.receiver.decode_soon(self._decode_head, head)
 
-    def _decode_head(self, head: bytes) -> tuple[Dataset, InstanceMeta | InvalidDataset] | None:
-        header = read_header(head, self.syntax)
-        if header is None:
-            return None  # the mark was inside another value: the file is read at the end
+    def _decode_head(self, head: bytes) -> tuple[PixelFacts, InstanceMeta | InvalidDataset] | None:
+        source: Dataset | HeadValues | None = self.receiver.head_reader.read(head, self.syntax)
+        if source is not None:
+            pixel = source.pixel
+        else:  # outside the fast reader's common case: pydicom reads it
+            source = read_header(head, self.syntax)
+            if source is None:
+                return None  # the mark was inside another value: the file is read at the end
+            pixel = pixel_facts(source)
         try:
-            return header, self.receiver.header_meta(header, self.syntax, self.peer.calling_ae)
+            return pixel, self.receiver.header_meta(source, self.syntax, self.peer.calling_ae)
         except InvalidDataset as exc:
-            return header, exc
+            return pixel, exc
 
     def finish(self) -> Dataset:
         """Flush the file to disk and keep it (rename, row); give the C-STORE status."""
@@ -619,26 +626,28 @@ def open_listener(config: DicomConfig, backlog: int = 64) -> socket.socket:
     return listener
 
 
-def _check_pixel_data_complete(ds: Dataset, size: int) -> None:
+def pixel_facts(ds: Dataset) -> PixelFacts:
+    """Pixel Data's position and length in a data set read by pydicom, and what it needs."""
+    elem = ds.get_item(PIXEL_DATA_TAG, keep_deferred=True)
+    length = getattr(elem, "length", None)
+    return PixelFacts(getattr(elem, "value_tell", None), length, needed_bytes(ds))
+
+
+def _check_pixel_data_complete(pixel: PixelFacts, size: int) -> None:
     """Refuse native Pixel Data shorter than its image attributes need, or past the end.
 
     ``size`` is the length of what was read, in the coordinates of the element's position.
     Only the element's position and length are read, never the pixels.
     """
-    elem = ds.get_item(PIXEL_DATA_TAG, keep_deferred=True)
-    length = getattr(elem, "length", None)
-    if elem is None or length is None or length == UNDEFINED_LENGTH:
+    length, tell = pixel.length, pixel.value_tell
+    if length is None or length == UNDEFINED_LENGTH:
         return
-    tell = getattr(elem, "value_tell", None)
     if tell is not None and tell + length > size:
         raise InvalidDataset(f"Pixel Data truncated: {size - tell} of {length} bytes received")
-    frames = int(ds.get("NumberOfFrames") or 1)
-    bytes_per_sample = (int(ds.get("BitsAllocated") or 16) + 7) // 8
-    samples = int(ds.get("SamplesPerPixel") or 1)
-    needed = int(ds.get("Rows") or 0) * int(ds.get("Columns") or 0) * frames
-    needed *= samples * bytes_per_sample
-    if length < needed:
-        raise InvalidDataset(f"Pixel Data truncated: {length} bytes, the image needs {needed}")
+    if length < pixel.needed:
+        raise InvalidDataset(
+            f"Pixel Data truncated: {length} bytes, the image needs {pixel.needed}"
+        )
 
 
 def _same_host(configured: str, address: str) -> bool:
