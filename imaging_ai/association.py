@@ -72,6 +72,7 @@ class Association:
         self._request: Dataset | None = None
         self._request_context = 0
         self._incoming: Incoming | None = None
+        self.released = False  # the peer ended it with A-RELEASE-RQ: it says it is done
 
     def run(self) -> None:
         """Negotiate, then serve DIMSE requests until the peer releases or aborts."""
@@ -120,6 +121,7 @@ class Association:
                 return
 
     def _on_release(self, body: bytearray) -> bool:
+        self.released = True
         self.sock.sendall(dul.encode_release_rp())
         return False
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, TypeVar
@@ -122,10 +123,19 @@ class Catalog:
         self._ids_lock = threading.Lock()
         self._sql = _Statements(engine.dialect.name)
 
-    def record(self, meta: InstanceMeta, relative: str, size_bytes: int, at: datetime) -> bool:
+    def record(
+        self,
+        meta: InstanceMeta,
+        relative: str,
+        size_bytes: int,
+        at: datetime,
+        new_sender: bool = False,
+    ) -> bool:
         """Record an instance that is already durable in the spool; return True if it is late.
 
         A late instance belongs to a study already past receiving: it is kept and flagged.
+        ``new_sender``: the first instance of the study on its association, which then counts
+        as a sender of the study until it releases (`released`).
         """
         study_id, series_id = self._ensure_rows(meta, at)
         with self.engine.begin() as conn:
@@ -134,6 +144,8 @@ class Catalog:
                 conn.execute(self._sql.count_late, {"sid": study_id})
             else:
                 conn.execute(self._sql.touch_series, {"rid": series_id, "at": at})
+                if new_sender:
+                    conn.execute(self._sql.open_sender, {"sid": study_id})
             conn.execute(
                 self._sql.upsert_instance,
                 {
@@ -149,6 +161,15 @@ class Catalog:
                 },
             )
         return late
+
+    def released(self, study_uids: Iterable[str], at: datetime) -> None:
+        """An association that delivered instances of these studies released normally."""
+        with self.engine.begin() as conn:
+            conn.execute(
+                update(Study)
+                .where(Study.study_instance_uid.in_(list(study_uids)), Study.state == RECEIVING)
+                .values(senders=Study.senders - 1, released_at=at)
+            )
 
     def forget(self, sop_uid: str, received_at: datetime) -> None:
         """Delete an instance's row recorded at ``received_at`` whose file never landed."""
@@ -252,6 +273,13 @@ class _Statements:
             update(Study)
             .where(Study.id == bindparam("sid"))
             .values(late_instances=Study.late_instances + 1)
+        )
+        # An association's first instance of a study; until it releases, the study is not
+        # complete by release (an aborted association never releases: idle timers decide).
+        self.open_sender = (
+            update(Study)
+            .where(Study.id == bindparam("sid"))
+            .values(senders=Study.senders + 1, released_at=None)
         )
         self.touch_series = (
             update(Series)

@@ -184,6 +184,8 @@ class Receiver:
         self.routing_tags = routing_tags
         self.stats = stats or ReceiverStats()
         self.observers: list[Callable[[StoredInstance], None]] = []
+        # Notified after an association that delivered instances released normally.
+        self.release_observers: list[Callable[[], None]] = []
         self.ae_title = config.ae_title
         self.max_pdu = config.max_pdu
         self.contexts = supported_contexts()
@@ -192,6 +194,9 @@ class Receiver:
         self._adopter = ThreadPoolExecutor(config.max_associations, "dicom-adopt")
         self._active = 0
         self._active_lock = threading.Lock()
+        # Study Instance UIDs each open association delivered, by its thread (an association
+        # runs its C-STOREs in its own thread): the senders the catalog counts per study.
+        self._sending: dict[int, set[str]] = {}
 
     def start(self) -> None:
         """Listen in this process; refuse to start with a hint if the port cannot be bound.
@@ -270,10 +275,12 @@ class Receiver:
         """Run one association on an accepted connection (in its own thread)."""
         self._count(1)
         self.spool.keep_spares(SPARE_FILES)
+        association = Association(sock, address, self)
         try:
-            Association(sock, address, self).run()
+            association.run()
         finally:
             self._count(-1)
+            self._ended(association.released)
 
     def _count(self, delta: int) -> None:
         with self._active_lock:
@@ -385,7 +392,11 @@ class Receiver:
         adopting = self._adopter.submit(self._land, path, meta, synced, flush, size)
         at = datetime.now(UTC)
         try:
-            late = self.catalog.record(meta, relative, size, at)
+            sent = self._sending.setdefault(threading.get_ident(), set())
+            new_sender = meta.study_uid not in sent
+            late = self.catalog.record(meta, relative, size, at, new_sender)
+            if new_sender and not late:
+                sent.add(meta.study_uid)
         except Exception:
             wait([adopting])  # the file may land without a row: a resend or reconcile adds it
             raise
@@ -434,6 +445,26 @@ class Receiver:
             raise
         except Exception as exc:
             raise InvalidDataset(f"dataset cannot be decoded: {exc}") from exc
+
+    def _ended(self, released: bool) -> None:
+        """An association ended: a release tells the catalog its studies' sender is done.
+
+        An association that aborted or broke off stays counted as a sender, so its studies
+        complete by the idle timers only.
+        """
+        studies = self._sending.pop(threading.get_ident(), set())
+        if not released or not studies:
+            return
+        try:
+            self.catalog.released(studies, datetime.now(UTC))
+        except SQLAlchemyError:
+            log.exception("association release not recorded; its studies wait for idle timers")
+            return
+        for observer in self.release_observers:
+            try:
+                observer()
+            except Exception:
+                log.exception("observer %r failed on a released association", observer)
 
     def _notify(self, stored: StoredInstance) -> None:
         self.stats.add(stored=1, late=int(stored.late))

@@ -55,6 +55,9 @@ class ReceiverPool:
         self._ctx = multiprocessing.get_context("spawn")
         self.stats = ReceiverStats(self._ctx)
         self._stop = self._ctx.Event()
+        # Set by a receiver when an association that delivered instances released: wakes
+        # the assembler (`imaging_ai.assemble`), which clears it.
+        self.released = self._ctx.Event()
         self._processes: list[BaseProcess] = []
         self._pipes: list[Connection] = []
         self._loads: list[Synchronized[int]] = []
@@ -76,7 +79,8 @@ class ReceiverPool:
             load: Synchronized[int] = self._ctx.Value("i", 0)
             proc: BaseProcess = self._ctx.Process(
                 target=_worker_main,
-                args=(self.config, self.stats, self._stop, ready[i], os.getpid(), theirs, load),
+                args=(self.config, self.stats, self._stop, ready[i], os.getpid(), theirs, load)
+                + (self.released,),
                 name=f"imaging-ai-receiver-{i}",
                 daemon=True,
             )
@@ -185,6 +189,7 @@ def _worker_main(
     parent_pid: int,
     pipe: Connection,
     load: Synchronized[int],
+    released: Event,
 ) -> None:
     from imaging_ai.cli import setup_logging
 
@@ -197,6 +202,7 @@ def _worker_main(
     receiver = Receiver(
         config.dicom, spool, Catalog(engine, spool), routing_tags(config.priority.rules), stats
     )
+    receiver.release_observers.append(released.set)
     tls = receiver.ssl_context()
     ready.set()
 

@@ -70,6 +70,11 @@ class Study(Base):
     completion_reason: Mapped[str] = mapped_column(String(32), default="")
     deadline: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
     late_instances: Mapped[int] = mapped_column(Integer, default=0)
+    # Associations that delivered instances of the study and have not released (an aborted
+    # or cut-off one never does), and when the last of them released: assembly's
+    # release rule (`imaging_ai.assemble`).
+    senders: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    released_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
 
     series: Mapped[list[Series]] = relationship(back_populates="study")
 
