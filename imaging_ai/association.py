@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import socket
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
@@ -59,6 +60,48 @@ class Acceptor(Protocol):
         """A C-STORE request announced a data set: where its fragments go."""
 
 
+@dataclass(frozen=True)
+class _Offer:
+    """An A-ASSOCIATE-RQ's AE titles and the negotiated answer to it."""
+
+    calling_ae: str
+    called_ae: str
+    contexts: dict[int, PresentationContext]  # accepted, by presentation context ID
+    accept: bytes  # the A-ASSOCIATE-AC PDU
+
+
+# A sender repeats the same request for every association (storescu proposes ~120 contexts,
+# whose decoding and negotiation took ~20 ms); the answer to a request already seen is reused.
+_OFFERS: dict[tuple[object, ...], _Offer] = {}
+_OFFERS_LOCK = threading.Lock()
+_OFFERS_KEPT = 64
+
+
+def _answer(body: bytes, acceptor: Acceptor) -> _Offer:
+    """What to answer an A-ASSOCIATE-RQ body (admission aside)."""
+    ours = tuple((str(cx.abstract_syntax), tuple(cx.transfer_syntax)) for cx in acceptor.contexts)
+    key = (acceptor.max_pdu, ours, body)
+    with _OFFERS_LOCK:
+        offer = _OFFERS.get(key)
+    if offer is not None:
+        return offer
+    request = dul.decode_associate_rq(bytearray(body))
+    results, _roles = negotiate_as_acceptor(
+        request.presentation_context_definition_list, acceptor.contexts, None
+    )
+    offer = _Offer(
+        calling_ae=request.calling_ae_title.strip(),
+        called_ae=request.called_ae_title.strip(),
+        contexts={int(cx.context_id or 0): cx for cx in results if cx.result == 0x00},
+        accept=dul.encode_associate_ac(request, results, acceptor.max_pdu),
+    )
+    with _OFFERS_LOCK:
+        if len(_OFFERS) >= _OFFERS_KEPT:
+            _OFFERS.clear()
+        _OFFERS[key] = offer
+    return offer
+
+
 class Association:
     """One association as acceptor: PS3.8 state machine reduced to what a storage SCP needs."""
 
@@ -91,19 +134,14 @@ class Association:
         pdu_type, body = dul.read_pdu(self.sock, 0)
         if pdu_type != dul.A_ASSOCIATE_RQ_TYPE:
             raise dul.ProtocolError(f"expected A-ASSOCIATE-RQ, got PDU type 0x{pdu_type:02X}")
-        request = dul.decode_associate_rq(body)
-        self.peer = Peer(
-            request.calling_ae_title.strip(), request.called_ae_title.strip(), self.address
-        )
+        offer = _answer(bytes(body), self.acceptor)
+        self.peer = Peer(offer.calling_ae, offer.called_ae, self.address)
         rejection = self.acceptor.admit(self.peer)
         if rejection is not None:
             self.sock.sendall(dul.encode_associate_rj(*rejection))
             return False
-        results, _roles = negotiate_as_acceptor(
-            request.presentation_context_definition_list, self.acceptor.contexts, None
-        )
-        self.contexts = {int(cx.context_id or 0): cx for cx in results if cx.result == 0x00}
-        self.sock.sendall(dul.encode_associate_ac(request, results, self.acceptor.max_pdu))
+        self.contexts = offer.contexts
+        self.sock.sendall(offer.accept)
         return True
 
     def _serve(self) -> None:
