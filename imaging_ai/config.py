@@ -60,6 +60,10 @@ class AssembleConfig:
     study_idle_s: float = 20.0
     force_complete_s: float = 600.0
     poll_s: float = 1.0
+    # Release rule: once every association that delivered a study's instances has released
+    # (A-RELEASE, not an abort), the study completes this long after the last release.
+    complete_on_release: bool = True
+    release_grace_s: float = 0.5
 
 
 @dataclass(frozen=True)
@@ -459,6 +463,8 @@ def _validate(config: Config) -> None:
     for name in ("series_idle_s", "study_idle_s", "force_complete_s", "poll_s"):
         if getattr(a, name) <= 0:
             raise ConfigError(f"assemble.{name} must be > 0, got {getattr(a, name)!r}")
+    if a.release_grace_s < 0:
+        raise ConfigError(f"assemble.release_grace_s must be >= 0, got {a.release_grace_s!r}")
     node = config.storage.node_name
     if (node and not all(c.isalnum() or c in "._-" for c in node)) or node in (".", ".."):
         raise ConfigError(
