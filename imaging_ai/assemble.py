@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, Protocol
 
-from sqlalchemy import select, update
+from sqlalchemy import ColumnElement, func, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from imaging_ai.config import AssembleConfig, PriorityConfig, PriorityRule
@@ -20,6 +21,18 @@ log = logging.getLogger(__name__)
 # Urgent work always goes first; the others share one rank so that earliest deadline decides.
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 RANKS = {"urgent": 0, "inpatient": 1, "outpatient": 1}
+RELEASED = "association released"
+
+
+class Wake(Protocol):
+    """An event another thread or process sets to wake the assembler (threading or
+    multiprocessing ``Event``)."""
+
+    def set(self) -> None: ...
+
+    def clear(self) -> None: ...
+
+    def wait(self, timeout: float | None = None) -> bool: ...
 
 
 @dataclass(frozen=True)
@@ -65,8 +78,19 @@ def routing_tags(rules: tuple[PriorityRule, ...]) -> tuple[str, ...]:
 class Assembler:
     """Decides when series and studies are complete and turns studies into queued jobs.
 
-    Idle clocks run from the later of the last instance and this process's start, so
-    after a restart a sender that was cut off still gets a full idle window to resend.
+    Two rules. Release: a study whose every sending association released (the receivers
+    count them, `imaging_ai.catalog`) and that received nothing since completes
+    ``release_grace_s`` after the last release. Idle: otherwise series and studies complete
+    after their idle times, and any study at ``force_complete_s``. Idle clocks run from the
+    later of the last instance and this process's start, so after a restart a sender that
+    was cut off still gets a full idle window to resend.
+
+    Parameters
+    ----------
+    wake
+        Set by the receivers after a release; the background thread then looks at once.
+    on_queued
+        Called after a pass that queued jobs (wakes this node's processor).
     """
 
     def __init__(
@@ -75,13 +99,18 @@ class Assembler:
         assemble: AssembleConfig,
         priority: PriorityConfig,
         started_at: datetime | None = None,
+        wake: Wake | None = None,
+        on_queued: Callable[[], None] | None = None,
     ) -> None:
         self.sessions = sessions
         self.config = assemble
         self.priority = priority
         self.started_at = started_at or utcnow()
+        self.wake: Wake = wake if wake is not None else threading.Event()
+        self.on_queued = on_queued
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._next_release: datetime | None = None  # when a released study falls due
 
     def tick(self, now: datetime | None = None) -> list[str]:
         """Run one pass; return the Study Instance UIDs that became jobs."""
@@ -94,10 +123,12 @@ class Assembler:
                 .values(completed_at=now)
             )
         queued = []
-        for study_id in self._due_studies(now):
-            uid = self._complete(study_id, now)
+        for study_id, reason in self._due_studies(now):
+            uid = self._complete(study_id, now, reason)
             if uid:
                 queued.append(uid)
+        if queued and self.on_queued is not None:
+            self.on_queued()
         return queued
 
     def _idle_cutoff(self, now: datetime, idle_s: float) -> datetime:
@@ -105,7 +136,8 @@ class Assembler:
         # Before the idle time has passed since start, nothing counts as idle.
         return cutoff if cutoff >= self.started_at else _EPOCH
 
-    def _due_studies(self, now: datetime) -> list[int]:
+    def _due_studies(self, now: datetime) -> list[tuple[int, str]]:
+        """Studies to complete now, with the rule's reason ('' for the idle rules)."""
         study_cutoff = self._idle_cutoff(now, self.config.study_idle_s)
         force_cutoff = now - timedelta(seconds=self.config.force_complete_s)
         open_series = select(Series.id).where(
@@ -116,7 +148,25 @@ class Assembler:
             Study.state == "receiving", idle | (Study.received_at <= force_cutoff)
         )
         with self.sessions() as s:
-            return list(s.scalars(query.order_by(Study.received_at)))
+            due = [(i, "") for i in s.scalars(query.order_by(Study.received_at))]
+            if not self.config.complete_on_release:
+                return due
+            released = self._released(s, now)
+        timed = {i for i, _ in due}
+        return [(i, RELEASED) for i in released if i not in timed] + due
+
+    def _released(self, s: Session, now: datetime) -> list[int]:
+        """Released studies past their grace; notes when the next one falls due."""
+        grace = timedelta(seconds=self.config.release_grace_s)
+        waiting = select(Study.id).where(Study.state == "receiving", released_quietly())
+        due = list(s.scalars(waiting.where(Study.released_at <= now - grace)))
+        later = s.scalar(
+            select(func.min(Study.released_at)).where(
+                Study.state == "receiving", released_quietly(), Study.released_at > now - grace
+            )
+        )
+        self._next_release = later + grace if later is not None else None
+        return due
 
     def _complete(self, study_id: int, now: datetime, reason: str = "") -> str:
         with self.sessions() as s, s.begin():
@@ -179,13 +229,35 @@ class Assembler:
     def stop(self) -> None:
         """Stop the background thread after its current tick."""
         self._stop.set()
+        self.wake.set()
         if self._thread is not None:
             self._thread.join(timeout=10)
 
     def _run(self) -> None:
-        while not self._stop.wait(self.config.poll_s):
+        while not self._stop.is_set():
+            if self.wake.wait(self._pause_s()):
+                self.wake.clear()  # before the pass, so a release during it wakes the next
+            if self._stop.is_set():
+                return
             try:
                 self.tick()
             except Exception:
                 # The assembler must outlive a database hiccup; the next tick retries.
                 log.exception("assembly pass failed; retrying in %.1f s", self.config.poll_s)
+                self._next_release = None
+
+    def _pause_s(self) -> float:
+        """Until the next poll, or sooner when a released study's grace ends first."""
+        if self._next_release is None:
+            return self.config.poll_s
+        until = (self._next_release - utcnow()).total_seconds()
+        return min(self.config.poll_s, max(0.0, until))
+
+
+def released_quietly() -> ColumnElement[bool]:
+    """A study whose sending associations all released and which received nothing since."""
+    return (
+        (Study.senders == 0)
+        & Study.released_at.is_not(None)
+        & (Study.released_at >= Study.last_instance_at)
+    )

@@ -71,10 +71,18 @@ class Daemon:
         self.catalog = Catalog(self.engine, self.spool)
         self.routing_tags = routing_tags(config.priority.rules)
         self.receivers = ReceiverPool(config)
-        self.assembler = Assembler(self.sessions, config.assemble, config.priority, self.started_at)
         self.node = f"{config.storage.node}:{os.getpid()}"
         self.scheduler = Scheduler(
             self.sessions, self.node, config.priority, lease_s=config.storage.job_lease_s
+        )
+        # A release in a receiver wakes the assembler; a study it queues wakes the processor.
+        self.assembler = Assembler(
+            self.sessions,
+            config.assemble,
+            config.priority,
+            self.started_at,
+            wake=self.receivers.released,
+            on_queued=self.scheduler.wake,
         )
         self.processor: Processor | None = None
         self.models = ModelWatcher(config.engines, Path(config.storage.data_dir), self._swap_models)

@@ -95,6 +95,7 @@ class Processor:
     def stop(self, timeout_s: float = 60.0) -> None:
         """Finish the studies in hand, or give them back to the queue at the deadline."""
         self._stop.set()
+        self.scheduler.wake()
         deadline = time.monotonic() + timeout_s
         for thread in self._threads:
             thread.join(max(0.0, deadline - time.monotonic()))
@@ -103,13 +104,15 @@ class Processor:
 
     def _run(self, urgent_only: bool) -> None:
         while not self._stop.is_set():
+            seen = self.scheduler.wakes
             try:
                 worked = self.run_once(urgent_only)
             except Exception:
                 log.exception("processing loop error; retrying")
                 worked = False
             if not worked:
-                self._stop.wait(self.poll_s)
+                # Woken at once for work queued on this node; the poll finds other nodes'.
+                self.scheduler.wait_for_work(seen, self.poll_s)
 
     def run_once(self, urgent_only: bool = False) -> bool:
         """Claim and process one job; False if none was runnable."""

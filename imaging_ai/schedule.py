@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
@@ -55,6 +56,28 @@ class Scheduler:
         self.node = node
         self.priority = priority or PriorityConfig()
         self.lease = timedelta(seconds=lease_s)
+        # Wake-ups of this node's claimers when work was queued here (the assembler, a
+        # requeue, an admin's retry): they claim at once instead of at their next poll,
+        # which stays for work queued by other nodes.
+        self._work = threading.Condition()
+        self._wakes = 0
+
+    @property
+    def wakes(self) -> int:
+        """How many wake-ups so far; pass it to `wait_for_work` after a claim found nothing."""
+        with self._work:
+            return self._wakes
+
+    def wake(self) -> None:
+        """Work may be runnable: wake every claimer waiting in `wait_for_work`."""
+        with self._work:
+            self._wakes += 1
+            self._work.notify_all()
+
+    def wait_for_work(self, seen: int, timeout_s: float) -> None:
+        """Wait until a wake-up after ``seen`` (`wakes` before the claim), or ``timeout_s``."""
+        with self._work:
+            self._work.wait_for(lambda: self._wakes != seen, timeout_s)
 
     def claim(self, now: datetime | None = None, urgent_only: bool = False) -> Claim | None:
         """Claim the next job by policy, or None when nothing is runnable."""
@@ -170,6 +193,7 @@ class Scheduler:
             study = s.get(Study, claim.study_id)
             if study is not None:
                 study.state = "queued"
+        self.wake()
 
     def retry_failed(self, study_uid: str, now: datetime | None = None) -> bool:
         """Queue a failed study again with a fresh deadline from its class's SLA."""
@@ -188,7 +212,8 @@ class Scheduler:
             job.node, job.lease_until, job.finished_at = "", None, None
             job.notes = [*job.notes, "retried by an administrator"]
             study.state, study.error, study.deadline = "queued", "", deadline
-            return True
+        self.wake()
+        return True
 
     def set_paused(self, priority: str, paused: bool, actor: str) -> None:
         """Pause or resume a priority class on every node; recorded in the audit log."""
@@ -201,6 +226,8 @@ class Scheduler:
             s.add(control)
             action = "pause_class" if paused else "resume_class"
             s.add(AuditEvent(at=now, actor=actor, action=action, target=priority))
+        if not paused:
+            self.wake()
 
     def raise_priority(self, study_uid: str, priority: str, actor: str) -> bool:
         """Move a queued study to a more urgent class; recorded in the audit log."""
