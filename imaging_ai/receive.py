@@ -12,7 +12,7 @@ import ssl
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor, wait
+from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -314,10 +314,6 @@ class Receiver:
         )
         return rejection
 
-    def decode_soon(self, function: Callable[[bytes], _T], head: bytes) -> Future[_T]:
-        """Run ``function(head)`` on the receiver's thread pool."""
-        return self._adopter.submit(function, head)
-
     def begin_store(self, command: Dataset, syntax: str, peer: Peer) -> IncomingInstance:
         """Where the fragments of an announced C-STORE data set go."""
         return IncomingInstance(self, command, syntax, peer)
@@ -492,7 +488,7 @@ class IncomingInstance:
         self._file: io.FileIO | None = None
         self._error: Exception | None = None
         self._head = bytearray()
-        self._parsing: Future[tuple[PixelFacts, InstanceMeta | InvalidDataset] | None] | None = None
+        self._decoded: tuple[PixelFacts, InstanceMeta | InvalidDataset] | None = None
         self._meta_length = 0  # preamble and file meta, before the data set
         self._written = 0  # bytes in the file, file meta included
         try:
@@ -519,12 +515,11 @@ class IncomingInstance:
             self._fail(storage_error(exc, "a received instance"))
             return
         self._written += len(data)
-        if self._parsing is None and len(self._head) < HEAD_BYTES and self.syntax in HEAD_SYNTAXES:
+        if self._decoded is None and len(self._head) < HEAD_BYTES and self.syntax in HEAD_SYNTAXES:
             self._head += data[: HEAD_BYTES - len(self._head)]
             if PIXEL_DATA_MARK in self._head:
-                # Decoded in another thread while this one takes the rest of Pixel Data.
-                head = bytes(self._head)
-                self._parsing = self.receiver.decode_soon(self._decode_head, head)
+                # Decoded now, while Pixel Data is still on the wire, not after the last byte.
+                self._decoded = self._decode_head(bytes(self._head))
 
     def _decode_head(self, head: bytes) -> tuple[PixelFacts, InstanceMeta | InvalidDataset] | None:
         source: Dataset | HeadValues | None = self.receiver.head_reader.read(head, self.syntax)
@@ -545,7 +540,7 @@ class IncomingInstance:
         if self._file is None or self.path is None:
             return self.receiver.refuse(self._error or StorageError("nothing was received"))
         header = None
-        decoded = self._parsing.result() if self._parsing is not None else None
+        decoded = self._decoded
         if decoded is not None:
             size = self._written - self._meta_length
             header = Header(decoded[0], decoded[1], size, self._meta_length)
