@@ -18,7 +18,8 @@ shipped lung-seg and nodule-det 2.0.0, batch 64, ONNX Runtime CUDA FP16 as a wor
     100 ms), each worker's busy fraction and CPU, the daemon process's CPU, and the medians of
     the traces under load.
 (c) when time is left: (a) and one load with `gpu_threads=0` (ONNX Runtime's default thread
-    pool in the GPU sessions, as before this change), then the same engines in this process.
+    pool in the GPU sessions, as before this change), then the same engines in this process,
+    back to back and with a 5 ms pause (asleep, then spinning) before each batch.
 
 Steps that no longer fit in `--budget-s` are skipped and said so. Writes `$OUT/issue4.json`
 (after every step) and prints a table and a `headline:` line last. A reduced dry run for any
@@ -311,8 +312,16 @@ def timed_load(p: Pool, inputs: list[dict[str, Any]], args: argparse.Namespace) 
 # ---- the same engines in this process ------------------------------------------------------
 
 
+GAPS = (("here", ""), ("here, 5 ms sleep", "sleep"), ("here, 5 ms spin", "spin"))
+GAP_S = 0.005  # about what a hand-over left the GPU idle in the worker check
+
+
 def in_process(args: argparse.Namespace, cards: list[ModelCard], seconds: float) -> list[Row]:
-    """Both models' engines loaded here as a worker loads them, fed from page-locked arenas."""
+    """Both models' engines loaded here as a worker loads them, fed from page-locked arenas.
+
+    Batches back to back, then with a 5 ms pause before each (asleep, then spinning): if a
+    pause alone slows the next batch, the GPU or the host's power states do, not the worker.
+    """
     from imaging_ai import workers
 
     spec = WorkerSpec(
@@ -322,32 +331,50 @@ def in_process(args: argparse.Namespace, cards: list[ModelCard], seconds: float)
     engines, _ = workers._load_engines(spec, device)
     mapped = workers._Arenas(page_lock=device != "cpu")
     arenas = {}
+    rows: list[Row] = []
     try:
         for card in cards:
             out = engines[card.name].infer(np.zeros((1, *card.input_shape), np.float32)).shape
             made = SliceArena.create(args.batch, card.input_shape, out[1:])
             made.inputs[...] = np.random.default_rng(0).random(made.inputs.shape, np.float32)
             arenas[card.name] = (made, mapped.get(made.ref))
-        times: dict[str, list[tuple[int, tuple[int, int, int] | None]]] = {n: [] for n in arenas}
-        t0 = time.perf_counter()
-        pairs = 0
-        while time.perf_counter() - t0 < seconds:
-            for name, (_, view) in arenas.items():
-                start = time.perf_counter_ns()
-                infer_into(engines[name], [view.inputs], [view.outputs])
-                times[name].append((time.perf_counter_ns() - start, last_stages()))
-            pairs += 1
-        elapsed = time.perf_counter() - t0
+        for label, gap in GAPS:
+            views = {name: view for name, (_, view) in arenas.items()}
+            rows += _batches_here(engines, views, label, gap, seconds)
     finally:
         mapped.close()
         for made, _ in arenas.values():
             made.close()
         for engine in engines.values():
             engine.close()
+    return rows
+
+
+def _batches_here(
+    engines: dict[str, Any], views: dict[str, SliceArena], label: str, gap: str, seconds: float
+) -> list[Row]:
+    times: dict[str, list[tuple[int, tuple[int, int, int] | None]]] = {n: [] for n in views}
+    samples: dict[int, list[list[float]]] = {}
+    with gpu_sampler(samples):
+        t0 = time.perf_counter()
+        pairs = 0
+        while time.perf_counter() - t0 < seconds:
+            for name, view in views.items():
+                if gap == "sleep":
+                    time.sleep(GAP_S)
+                elif gap == "spin":
+                    until = time.perf_counter() + GAP_S
+                    while time.perf_counter() < until:
+                        pass
+                start = time.perf_counter_ns()
+                infer_into(engines[name], [view.inputs], [view.outputs])
+                times[name].append((time.perf_counter_ns() - start, last_stages()))
+            pairs += 1
+        elapsed = time.perf_counter() - t0
     rows: list[Row] = []
     for name, got in times.items():
-        got = got[1:]  # the first one pays for the arena's first touch
-        row: Row = {"in_flight": "this process", "model": name, "batches": len(got)}
+        got = got[1:] or got  # the first one pays for the arena's first touch
+        row: Row = {"in_flight": label, "model": name, "batches": len(got)}
         row["in_worker"] = round(statistics.median(ns for ns, _ in got) / 1e6, 3)
         staged = [s for _, s in got if s is not None]
         if staged:
@@ -355,7 +382,8 @@ def in_process(args: argparse.Namespace, cards: list[ModelCard], seconds: float)
                 row[part] = round(statistics.median(s[i] for s in staged) / 1e6, 3)
         rows.append(row)
     per_pair = round(elapsed / max(pairs, 1) * 1e3, 2)
-    rows.append({"in_flight": "this process", "model": "pair", "ms_per_pair": per_pair})
+    pair: Row = {"in_flight": label, "model": "pair", "ms_per_pair": per_pair}
+    rows.append(pair | {"gpu": gpu_figures(samples, 1)})
     return rows
 
 
@@ -368,6 +396,7 @@ TRACE_COLUMNS = (
     "run",
     "copy_out",
     "rest_in_worker",
+    "in_worker",
     "reply",
     "back",
     "round_trip",
@@ -495,11 +524,16 @@ def main() -> int:
         for p in pools.values():
             with contextlib.suppress(Exception):
                 p.stop()
-    if budget.allows("the engines in this process", 25 + args.trace_s):
+    if budget.allows("the engines in this process", 20 + len(GAPS) * args.trace_s):
         rows = report.step("in process", lambda: in_process(args, cards, args.trace_s))
         report.data["traces"] += rows or []
         report.save()
-    print("\n".join(trace_table(report.data["traces"])))
+    under_load = [
+        row | {"in_flight": f"load {r['gpus']}G t{r['gpu_threads']}", "model": name}
+        for r in report.data["loads"]
+        for name, row in r["traces"].items()
+    ]
+    print("\n".join(trace_table(report.data["traces"] + under_load)))
     print("\n".join(load_table(report.data["loads"])))
     for skipped in report.data["skipped"]:
         print("not done:", skipped)

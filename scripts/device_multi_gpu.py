@@ -45,6 +45,7 @@ from imaging_ai.modelcard import ModelCard, load_model_card  # noqa: E402
 from imaging_ai.workers import PoolConfig, WorkerPool, WorkerSpec  # noqa: E402
 
 INPUT_SETS = 4  # distinct inputs, so the parent's copies do not run from the CPU cache
+CHECK_EVERY = 8  # slices of a study's outputs checked for routing and finite values
 
 
 @contextmanager
@@ -118,6 +119,9 @@ def run_studies(
                 return
 
     def check(which: int, model: str, out: Any) -> None:
+        # Every 8th slice: a slice routed to the wrong study shows there as well, and checking
+        # all of them read more memory on the client threads than the daemon's copies did.
+        out = out[::CHECK_EVERY]
         if not np.isfinite(out).all():
             raise RuntimeError(f"{model}: non-finite outputs")
         with lock:
