@@ -12,15 +12,17 @@ import logging
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from imaging_ai import faults
 from imaging_ai.analyse import LoadedModel, Models, discover_cards
 from imaging_ai.assemble import RANKS
 from imaging_ai.batch import Batcher, BatchingConfig, BatchingEngine
 from imaging_ai.config import EnginesConfig
 from imaging_ai.errors import ConfigError, EngineError, StartupError
+from imaging_ai.infer.fake import FailingGpu
 from imaging_ai.modelcard import ModelCard
 from imaging_ai.schedule import Claim
 from imaging_ai.workers import PoolConfig, WorkerPool, WorkerSpec
@@ -62,6 +64,9 @@ class EngineSet:
             max_batch_size=config.max_batch_size,
         )
         gpus = None if config.gpus < 0 else config.gpus
+        if faults.failing(faults.GPU_ERROR):  # test only: GPU workers whose GPU fails
+            spec = replace(spec, factory=FailingGpu(config.cpu_threads, config.max_batch_size))
+            gpus = gpus or 1
         self.pool = WorkerPool(
             spec, PoolConfig(gpus=gpus, cpu_workers=config.cpu_workers, depth=config.worker_depth)
         )

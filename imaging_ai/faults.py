@@ -1,9 +1,12 @@
-"""Test-only: takes IMAGING_AI_FAULT=<point> at start and SIGKILLs the daemon at that point.
+"""Test-only: takes IMAGING_AI_FAULT=<point> at start and SIGKILLs the daemon at that point,
+or makes one part fail.
 
 Off unless the variable is set. The reliability tests (``tests/reliability``) use it to kill the
 daemon at an exact stage boundary instead of racing a timer; ``docs/reliability.md`` lists the
-points and what is durable at each. It is read once, by :func:`arm` when the daemon starts, and
-a value that names no point stops the start. A hospital never sets it.
+points and what is durable at each. A failure (`FAILURES`) instead breaks a part while the
+daemon runs on, e.g. a GPU whose every batch raises a CUDA error. It is read once, by
+:func:`arm` when the daemon starts, and a value that names neither stops the start. A hospital
+never sets it.
 """
 
 from __future__ import annotations
@@ -27,6 +30,12 @@ POINTS = {
     "after:deliver": "a destination confirmed a delivery, before the row is marked done",
 }
 
+GPU_ERROR = "gpu:error"
+FAILURES = {
+    GPU_ERROR: "every batch on a GPU worker's engine raises a CUDA error, so the CPU fallback "
+    "runs it; the engines' set starts one GPU worker even on a host without a GPU",
+}
+
 _armed = ""
 
 
@@ -40,11 +49,19 @@ def arm(environ: Mapping[str, str]) -> None:
     """
     global _armed
     point = environ.get(ENV, "")
-    if point and point not in POINTS:
-        raise ConfigError(f"{ENV}={point!r} is not a fault point; known: {', '.join(POINTS)}")
+    if point and point not in POINTS and point not in FAILURES:
+        known = ", ".join([*POINTS, *FAILURES])
+        raise ConfigError(f"{ENV}={point!r} is not a fault point; known: {known}")
     _armed = point
-    if point:
+    if point in FAILURES:
+        log.warning("%s=%s: %s (test only)", ENV, point, FAILURES[point])
+    elif point:
         log.warning("%s=%s: this daemon will SIGKILL itself there (test only)", ENV, point)
+
+
+def failing(failure: str) -> bool:
+    """Whether ``failure`` (one of `FAILURES`) is the armed fault."""
+    return failure == _armed
 
 
 def reach(point: str) -> None:

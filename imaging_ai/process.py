@@ -166,8 +166,8 @@ class Processor:
         if fell_back:
             # Counted over the workers, so with studies in parallel it may include theirs.
             notes.append(
-                f"GPU engine failed on {fell_back} batch(es) while this study ran; "
-                "they were run on the CPU instead"
+                f"{fell_back} batch(es) ran on the CPU instead of the GPU while this study ran: "
+                "the GPU engine failed (the status page's inference workers say more)"
             )
         self._record(claim, analysis, timings, results, created, text, notes)
 

@@ -198,6 +198,7 @@ class _Done:
     job: int
     seconds: float
     fallbacks: int
+    gpu_lost: bool = False  # an engine took its GPU as lost and runs every batch on the CPU
     marks: tuple[int, int, int, int] = (0, 0, 0, 0)
     stages: tuple[int, int, int] | None = None
 
@@ -483,8 +484,9 @@ def _run_task(
     except Exception as exc:  # the parent decides: retry elsewhere, or fail the batch's studies
         reason = f"{type(exc).__name__}: {exc}"
         return _Failed(task.job, reason, retry=isinstance(exc, EngineError | MemoryError))
-    fallbacks = sum(e.info.fallbacks for each in sets for e in each.values())
-    return _Done(task.job, time.perf_counter() - started, fallbacks, stages=last_stages())
+    infos = [e.info for each in sets for e in each.values()]
+    fallbacks, lost = sum(i.fallbacks for i in infos), any(i.degraded for i in infos)
+    return _Done(task.job, time.perf_counter() - started, fallbacks, lost, stages=last_stages())
 
 
 # ---- the parent side -----------------------------------------------------------------------
@@ -523,7 +525,8 @@ class _Worker:
     fallbacks_before: int = 0  # counted by earlier processes of this worker
     restarts: int = 0
     crashes_in_row: int = 0
-    degraded: bool = False
+    degraded: bool = False  # a GPU worker restarted on the CPU
+    gpu_lost: bool = False  # its engines run on their CPU fallback (reset by a restart)
 
     @property
     def device(self) -> str:
@@ -741,7 +744,7 @@ class WorkerPool:
                 device=", ".join(dict.fromkeys(w.device for w in ready)),
                 batch_sizes=tuple(sorted(set[int]().union(*(w.sizes for w in self._workers)))),
                 fallbacks=sum(w.fallbacks for w in self._workers),
-                degraded=any(w.degraded for w in self._workers),
+                degraded=any(w.degraded or w.gpu_lost for w in self._workers),
             )
 
     def status(self) -> tuple[WorkerStatus, ...]:
@@ -773,7 +776,7 @@ class WorkerPool:
             fallbacks=w.fallbacks,
             restarts=w.restarts,
             in_flight=len(w.inflight),
-            degraded=w.degraded,
+            degraded=w.degraded or w.gpu_lost,
         )
 
     # -- sending (under the lock)
@@ -894,6 +897,7 @@ class WorkerPool:
             w.batches_done, w.busy_s = w.batches_done + 1, w.busy_s + message.seconds
             w.sizes[len(job.batch)] += 1
             w.fallbacks = w.fallbacks_before + message.fallbacks
+            w.gpu_lost = message.gpu_lost
             w.crashes_in_row, w.progress_at = 0, time.monotonic()
             self._pump()  # the worker's next batch first; the callback only queues copies
             self._cond.notify_all()
@@ -972,6 +976,7 @@ class WorkerPool:
             log.error("GPU worker %s keeps failing; restarting it on the CPU", w.device)
             w.gpu, w.degraded, w.crashes_in_row = None, True, 0
         w.restarts, w.error, w.infos, w.fallbacks_before = w.restarts + 1, "", {}, w.fallbacks
+        w.gpu_lost = False
         self._launch(w)
 
     def _check_hangs(self) -> None:

@@ -23,7 +23,7 @@ from imaging_ai.errors import EngineError, StartupError
 from imaging_ai.infer.base import BackendInfo, Engine, FloatArray
 from imaging_ai.infer.cuda_mem import CudaRuntime
 from imaging_ai.infer.cudart_fake import FakeCudart
-from imaging_ai.infer.fake import FixedLatencyBackend, FixedLatencyEngine
+from imaging_ai.infer.fake import FailingGpu, FixedLatencyBackend, FixedLatencyEngine
 from imaging_ai.modelcard import ModelCard
 from imaging_ai.workers import PoolConfig, WorkerPool, WorkerSpec, fake_backend, least_loaded
 from tests.infer.tiny_model import TinyModel, make_tiny
@@ -312,6 +312,27 @@ def test_a_gpu_worker_that_keeps_crashing_comes_back_on_the_cpu(
     assert isinstance(out, np.ndarray)
     (status,) = pool.status()
     assert status.device == "cpu" and status.degraded and status.restarts == 1
+    assert pool.info("tiny").degraded
+
+
+def test_a_gpu_engine_that_fails_runs_its_batches_on_the_cpu_and_the_worker_says_so(
+    tiny: TinyModel, pools: list[WorkerPool]
+) -> None:
+    # The daemon's own wrapping (select.load_engine) of a GPU engine that raises a CUDA error.
+    pool = start_pool(tiny, factory=FailingGpu(max_batch_size=8), gpus=1)
+    pools.append(pool)
+    results = Results(pool)
+    for i in range(6):  # two copies of the engines, in turn: three failures in a row each
+        submit(pool, results, f"b{i}", batch(float(i), 2.0))
+        (out,) = results.wait(f"b{i}")
+        want = tiny.expected(np.stack(batch(float(i), 2.0)))
+        np.testing.assert_allclose(np.asarray(out), want, atol=1e-5)
+    (status,) = pool.status()
+    assert status.device == "cuda:0" and status.degraded and status.restarts == 0
+    assert status.fallbacks >= 6  # every batch (and the start's warm-up slice) ran on the CPU
+    submit(pool, results, "after", batch(9.0))  # while degraded: straight to the CPU, counted
+    results.wait("after")
+    assert pool.status()[0].fallbacks == status.fallbacks + 1
     assert pool.info("tiny").degraded
 
 

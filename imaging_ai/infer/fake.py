@@ -1,8 +1,12 @@
-"""Test-only: a fixed-latency backend for scheduler tests, and tiny ONNX models for engine tests.
+"""Test-only: a fixed-latency backend for scheduler tests, a GPU that fails, and tiny ONNX models
+for engine tests.
 
-Nothing here runs in the daemon. `FixedLatencyBackend` stands in for a GPU whose batch time is
-`latency_s_per_batch + per_slice_s * N`, so batching and scheduling can be tested for timing
-without a model; its outputs are deterministic and tell which slice produced them.
+Nothing here runs in a hospital's daemon. `FixedLatencyBackend` stands in for a GPU whose batch
+time is `latency_s_per_batch + per_slice_s * N`, so batching and scheduling can be tested for
+timing without a model; its outputs are deterministic and tell which slice produced them.
+`FailingGpu` is the engine factory a daemon armed with IMAGING_AI_FAULT=gpu:error gives its
+GPU workers: every batch on the "GPU" raises the error a lost device gives, behind the daemon's
+own CPU fallback (`select.load_engine`), so the tests can watch a study survive it.
 """
 
 from __future__ import annotations
@@ -10,12 +14,17 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from imaging_ai.infer.base import BackendInfo, FloatArray, check_batch
+from imaging_ai.errors import EngineError
+from imaging_ai.infer.base import BackendInfo, Engine, FloatArray, check_batch
 from imaging_ai.modelcard import ModelCard
+
+# What ONNX Runtime's CUDA provider says when a kernel faults on a failing GPU.
+CUDA_ERROR = "CUDA failure 700: an illegal memory access was encountered"
 
 
 class FixedLatencyBackend:
@@ -77,6 +86,68 @@ class FixedLatencyEngine:
 
     def close(self) -> None:
         """Nothing to release."""
+
+
+class FailingGpuBackend:
+    """Test-only: a backend on `device` whose engines load, then fail every batch."""
+
+    def __init__(self, device: str, max_batch_size: int = 32) -> None:
+        self._device, self._max = device, max_batch_size
+
+    @property
+    def name(self) -> str:
+        """Always `failing-gpu`."""
+        return "failing-gpu"
+
+    @property
+    def device(self) -> str:
+        """The GPU it pretends to be, e.g. `cuda:0`."""
+        return self._device
+
+    def load(self, card: ModelCard, onnx_path: Path | None = None) -> FailingGpuEngine:
+        """An engine for `card`; no file is read."""
+        return FailingGpuEngine(BackendInfo(card.name, self.name, self._device, "fp16", self._max))
+
+
+class FailingGpuEngine:
+    """Raises EngineError with a CUDA error on every batch, as a lost GPU's engine does."""
+
+    def __init__(self, info: BackendInfo) -> None:
+        self.info = info
+
+    @property
+    def max_batch_size(self) -> int:
+        """The batch size it claims."""
+        return self.info.max_batch_size
+
+    def infer(self, batch: FloatArray) -> FloatArray:
+        """Always raises EngineError."""
+        raise EngineError(f"{self.info.model}: {self.info.backend} failed: {CUDA_ERROR}")
+
+    def close(self) -> None:
+        """Nothing to release."""
+
+
+@dataclass(frozen=True)
+class FailingGpu:
+    """Test-only, picklable engine factory for worker processes: (card, device) -> Engine.
+
+    On a GPU device the engine is `select.load_engine`'s, as the daemon builds it: the failing
+    "GPU" engine wrapped with a real ONNX Runtime CPU session as its fallback. A CPU worker gets
+    the plain CPU session.
+    """
+
+    cpu_threads: int = 0
+    max_batch_size: int = 32
+
+    def __call__(self, card: ModelCard, device: str) -> Engine:
+        from imaging_ai.infer.ort import OrtBackend, OrtOptions
+        from imaging_ai.infer.select import load_engine
+
+        cpu = OrtOptions(intra_op_threads=self.cpu_threads, max_batch_size=self.max_batch_size)
+        if device == "cpu":
+            return OrtBackend(cpu).load(card)
+        return load_engine(FailingGpuBackend(device, self.max_batch_size), card, cpu=cpu)
 
 
 def write_conv_softmax_onnx(

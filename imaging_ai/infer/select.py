@@ -202,7 +202,11 @@ def load_engine(
 
 @dataclass(frozen=True)
 class FallbackStats:
-    """Fallback events of one engine, for the status page."""
+    """Fallback events of one engine, for the status page and the studies' records.
+
+    `count` is every batch the CPU ran instead of the GPU: each one rerun after a failure, and
+    each one sent straight to the CPU while `degraded`.
+    """
 
     count: int = 0
     last_reason: str | None = None
@@ -256,29 +260,38 @@ class FallbackEngine:
     def infer(self, batch: FloatArray) -> FloatArray:
         """Run on the primary; on EngineError or MemoryError, run the same batch on the CPU."""
         check_batch(batch, self._card, self.max_batch_size)
-        if not self._stats.degraded:
+        if self._try_primary():
             try:
                 out = self._primary.infer(batch)
             except (EngineError, MemoryError) as exc:
                 self._record(exc)
             else:
-                with self._lock:
-                    self._consecutive = 0
+                self._succeeded()
                 return out
         return self._fallback.infer(batch)
 
     def infer_into(self, inputs: Sequence[FloatArray], outputs: Sequence[FloatArray]) -> None:
         """`infer` for a batch in pieces, written in place (see `base.infer_into`)."""
-        if not self._stats.degraded:
+        if self._try_primary():
             try:
                 infer_into(self._primary, inputs, outputs)
             except (EngineError, MemoryError) as exc:
                 self._record(exc)
             else:
-                with self._lock:
-                    self._consecutive = 0
+                self._succeeded()
                 return
         infer_into(self._fallback, inputs, outputs)
+
+    def _try_primary(self) -> bool:
+        """False while degraded; that batch then counts as one the CPU ran instead."""
+        with self._lock:
+            if self._stats.degraded:
+                self._stats = replace(self._stats, count=self._stats.count + 1)
+            return not self._stats.degraded
+
+    def _succeeded(self) -> None:
+        with self._lock:
+            self._consecutive = 0
 
     def _record(self, exc: BaseException) -> None:
         with self._lock:

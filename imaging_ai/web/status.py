@@ -60,6 +60,7 @@ class StudyRow:
     finished_at: datetime | None = None
     stages: tuple[Stage, ...] = ()
     step_timings: dict[str, float] = field(default_factory=dict)
+    notes: tuple[str, ...] = ()  # the job's, e.g. batches run on the CPU when the GPU failed
 
     @property
     def missed(self) -> bool:
@@ -304,6 +305,7 @@ def _row(study: Study, job: Job | None, now: datetime | None) -> StudyRow:
         finished_at=_aware(job.finished_at) if job else None,
         stages=_stages(study, job, now) if now else (),
         step_timings=timings,
+        notes=tuple(job.notes) if job else (),
     )
 
 
