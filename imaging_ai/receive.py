@@ -522,14 +522,20 @@ class IncomingInstance:
                 self._decoded = self._decode_head(bytes(self._head))
 
     def _decode_head(self, head: bytes) -> tuple[PixelFacts, InstanceMeta | InvalidDataset] | None:
-        source: Dataset | HeadValues | None = self.receiver.head_reader.read(head, self.syntax)
-        if source is not None:
-            pixel = source.pixel
-        else:  # outside the fast reader's common case: pydicom reads it
-            source = read_header(head, self.syntax)
-            if source is None:
-                return None  # the mark was inside another value: the file is read at the end
-            pixel = pixel_facts(source)
+        try:
+            source: Dataset | HeadValues | None = self.receiver.head_reader.read(head, self.syntax)
+        except Exception:  # whatever it met, pydicom reads the data set instead
+            source = None
+        try:
+            if source is not None:
+                pixel = source.pixel
+            else:  # outside the fast reader's common case: pydicom reads it
+                source = read_header(head, self.syntax)
+                if source is None:
+                    return None  # the mark was inside another value: the file is read at the end
+                pixel = pixel_facts(source)
+        except Exception as exc:  # an attribute that cannot be decoded: refused with it
+            return PixelFacts(None, None, 0), InvalidDataset(f"dataset cannot be decoded: {exc}")
         try:
             return pixel, self.receiver.header_meta(source, self.syntax, self.peer.calling_ae)
         except InvalidDataset as exc:

@@ -150,6 +150,23 @@ def test_truncated_pixel_data_is_refused_on_the_streamed_path(
     assert list(receiver.spool.tmp_dir.iterdir()) == []
 
 
+@pytest.mark.parametrize("syntax", [ExplicitVRLittleEndian, ImplicitVRLittleEndian])
+def test_an_undecodable_image_attribute_is_refused_with_its_reason(
+    receiver: Receiver, tmp_path: Path, syntax: str
+) -> None:
+    # Found by the fuzz test: a multi-valued Number of Frames once escaped as an exception
+    # from the header's decoding and broke the association instead of refusing the instance.
+    ds = pydicom.dcmread(ct_series(tmp_path / "src", slices=1)[0])
+    ds.NumberOfFrames = [1, 2]
+    incoming = receiver.begin_store(command_for(ds), syntax, PEER)
+    incoming.write(memoryview(encoded(ds, syntax)))
+    status = incoming.finish()
+    assert status.Status == 0xC000
+    assert "cannot be decoded" in status.ErrorComment
+    assert list(receiver.spool.walk()) == []
+    assert list(receiver.spool.tmp_dir.iterdir()) == []
+
+
 def test_invalid_uid_in_the_command_is_refused_and_the_data_dropped(
     receiver: Receiver, tmp_path: Path
 ) -> None:
