@@ -7,15 +7,20 @@ records, against the bare analysis), with the PACS played by pynetdicom: an SCU 
 study to the daemon as Orthanc's push would, and a storage SCP keeps the SEG and SR that come
 back. The backend is ONNX Runtime CUDA unless IMAGING_AI_ENGINES__BACKEND says otherwise.
 
-Run from the repository root on the device, with the wheels the daemon needs and onnxruntime-gpu
-on PYTHONPATH (docs/benchmarks.md, "Turnaround on one H200", lists them and the carry plan):
+Run from the repository root on the device by scripts/device_issue7.sh, which puts
+onnxruntime-gpu (scripts/device_setup_ort.sh) and the daemon's other packages
+(scripts/device_setup_site2.sh) on PYTHONPATH:
 
-    python3 scripts/device_turnaround.py --studies 5 --slices 300 --goal 3
+    python3 scripts/device_turnaround.py --studies 5 --slices 300 --goal 3 --budget 240
+
+What is missing there (a package, ONNX Runtime's CUDA provider) is named before anything runs;
+the studies' stages go to ``$OUT/turnaround.json`` when OUT is set.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import socket
 import sys
@@ -25,6 +30,56 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+# The daemon and the phantom generator run as `python -m imaging_ai` subprocesses.
+os.environ["PYTHONPATH"] = os.pathsep.join(
+    p for p in (os.environ.get("PYTHONPATH", ""), str(ROOT)) if p
+)
+
+# What the daemon, the benchmark and this PACS import (module: distribution).
+NEEDED = {
+    "numpy": "numpy",
+    "scipy": "scipy",
+    "skimage": "scikit-image",
+    "onnxruntime": "onnxruntime-gpu",
+    "pydicom": "pydicom",
+    "pynetdicom": "pynetdicom",
+    "SimpleITK": "SimpleITK",
+    "highdicom": "highdicom",
+    "sqlalchemy": "SQLAlchemy",
+    "alembic": "alembic",
+    "starlette": "starlette",
+    "uvicorn": "uvicorn",
+    "jinja2": "Jinja2",
+    "multipart": "python-multipart",
+    "itsdangerous": "itsdangerous",
+    "prometheus_client": "prometheus-client",
+    "hl7": "hl7",
+    "hl7apy": "hl7apy",
+}
+
+
+def missing() -> list[str]:
+    """Distributions that cannot be imported here, and a CUDA provider if one is wanted."""
+    gone = [dist for module, dist in NEEDED.items() if importlib.util.find_spec(module) is None]
+    backend = os.environ.get("IMAGING_AI_ENGINES__BACKEND", "")
+    if not gone and backend == "onnxruntime-cuda":
+        import onnxruntime
+
+        if "CUDAExecutionProvider" not in onnxruntime.get_available_providers():
+            gone.append(f"onnxruntime {onnxruntime.__version__} without CUDAExecutionProvider")
+        from imaging_ai.infer.select import probe_environment
+
+        if probe_environment().gpus == 0:
+            gone.append("a visible GPU (CUDA_VISIBLE_DEVICES, /proc/driver/nvidia)")
+    return gone
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("IMAGING_AI_ENGINES__BACKEND", "onnxruntime-cuda")
+if __name__ == "__main__" and missing():
+    print(f"cannot run: missing {', '.join(missing())}; PYTHONPATH={os.environ['PYTHONPATH']}")
+    print("headline: turnaround not measured (see the line above; device_issue7.sh sets it up)")
+    sys.exit(2)
 
 from pydicom import dcmread  # noqa: E402
 from pynetdicom import AE, AllStoragePresentationContexts, StoragePresentationContexts, evt  # noqa: E402
@@ -118,8 +173,16 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     turnaround.add_arguments(parser)
     args = parser.parse_args()
-    os.environ.setdefault("IMAGING_AI_ENGINES__BACKEND", "onnxruntime-cuda")
-    return turnaround.run(args, PynetdicomPacs)  # type: ignore[arg-type]
+    if args.json is None and os.environ.get("OUT"):
+        args.json = Path(os.environ["OUT"]) / "turnaround.json"
+    try:
+        return turnaround.run(args, PynetdicomPacs)  # type: ignore[arg-type]
+    except Exception as exc:  # one clear line last, after the traceback
+        import traceback
+
+        traceback.print_exc()
+        print(f"headline: turnaround not measured: {type(exc).__name__}: {str(exc)[-300:]}")
+        return 1
 
 
 if __name__ == "__main__":

@@ -39,13 +39,16 @@ class HospitalOptions:
     poll_s: float = 0.2
     engines: str = ""
     log_level: str = "INFO"
+    release_grace_s: float | None = None  # None: the daemon's default
 
     def daemon_toml(self, orthanc_port: int, ris_port: int) -> str:
         """The daemon's configuration after its ``[engines]`` header (see DaemonProcess)."""
+        grace = self.release_grace_s
         return (
             f"{self.engines}\n"
             f"[assemble]\nseries_idle_s = {self.series_idle_s}\n"
             f"study_idle_s = {self.study_idle_s}\npoll_s = {self.poll_s}\n"
+            f"{f'release_grace_s = {grace}' if grace is not None else ''}\n"
             "[outputs]\nretry_min_s = 1.0\nretry_max_s = 5.0\n"
             f'pacs = [{{ae_title = "{ORTHANC_AE}", host = "127.0.0.1", port = {orthanc_port}}}]\n'
             f'ris = [{{host = "127.0.0.1", port = {ris_port}}}]\n'

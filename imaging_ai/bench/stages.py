@@ -21,7 +21,7 @@ from imaging_ai.db.models import Delivery, Instance, Job, Series, Study
 # Job timing keys that are not a model's inference.
 _STEPS = ("load", "preprocess", "postprocess", "outputs", "total")
 LABELS = {
-    "assemble": "receive -> assembled (idle timers)",
+    "assemble": "receive -> assembled",
     "queue": "queued",
     "load": "load DICOM into a volume",
     "preprocess": "preprocess",
@@ -42,6 +42,7 @@ class StudyStages:
     turnaround_s: float
     report_s: float
     stages: dict[str, float]
+    completion: str = ""  # the assembly rule that completed it ("association released", "idle")
 
     @property
     def slowest(self) -> tuple[str, float]:
@@ -126,6 +127,7 @@ def _stages(s: Session, study_uid: str) -> StudyStages:
         turnaround,
         _seconds(study.last_instance_at, ready),
         stages,
+        study.completion_reason,
     )
 
 

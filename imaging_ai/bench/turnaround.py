@@ -2,8 +2,9 @@
 SEG and SR stored in PACS (its report is on the API before that), p50 and p95, by stage.
 
 `imaging-ai bench turnaround --studies 5 --slices 300`: Orthanc, as the hospital's PACS, pushes
-each study in turn to an otherwise idle daemon that sends its results back to Orthanc and its
-ORU to a stand-in RIS (`imaging_ai.bench.stack`). The stage times are the daemon's own records
+each study in turn (one association, released at the end) to an otherwise idle daemon with its
+default assembly rules, which sends its results back to Orthanc and its ORU to a stand-in RIS
+(`imaging_ai.bench.stack`). The stage times are the daemon's own records
 (`imaging_ai.bench.stages`). The peer, in the same run and on the same machine: the analysis of
 the first study alone in this process, as `imaging-ai infer` runs it (reading, preprocessing,
 both models, postprocessing), with none of the daemon's receiving, queueing, workers, outputs
@@ -14,10 +15,12 @@ or delivery. The backend is the daemon's ``[engines] backend``: ONNX Runtime CPU
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import tempfile
 import time
 from collections.abc import Callable
+from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
@@ -27,6 +30,7 @@ from imaging_ai.bench.orthanc import OrthancPacs
 from imaging_ai.bench.schedule import make_study
 from imaging_ai.bench.stack import Hospital, HospitalOptions, study_identity
 from imaging_ai.bench.stages import StudyStages, label, read_stages
+from imaging_ai.config import AssembleConfig
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -34,8 +38,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--studies", type=int, default=5, help="studies, sent one at a time")
     parser.add_argument("--slices", type=int, default=300, help="slices per phantom study")
     parser.add_argument(
-        "--idle", type=float, default=1.0, help="series and study idle timers (s; default 1)"
+        "--idle",
+        type=float,
+        help="series and study idle timers (s; default the daemon's, 10 and 20: the release "
+        "rule completes a pushed study first)",
     )
+    parser.add_argument(
+        "--release-grace", type=float, help="assemble.release_grace_s (s; default the daemon's)"
+    )
+    parser.add_argument(
+        "--budget", type=float, default=0.0, help="stop sending studies past this many s (0: none)"
+    )
+    parser.add_argument("--json", type=Path, help="write the studies' stages and the figures")
     parser.add_argument("--batch", type=int, default=0, help="engines.max_batch_size (0: default)")
     parser.add_argument("--goal", type=float, default=30.0, help="goal for p95 (s; default 30)")
     parser.add_argument("--timeout", type=float, default=600, help="seconds to wait per study")
@@ -49,6 +63,7 @@ def run(
 
     ``pacs`` makes the PACS (see `Hospital`); Orthanc unless a script brings another.
     """
+    started = time.monotonic()
     backend = os.environ.get("IMAGING_AI_ENGINES__BACKEND", "onnxruntime-cpu")
     with tempfile.TemporaryDirectory(prefix="imaging-ai-bench-turnaround-") as tmp:
         work = Path(tmp)
@@ -59,10 +74,13 @@ def run(
             studies.append(make_study(work / accession, 7300 + i, args.slices, "urgent", accession))
         print(f"peer: the first study analysed in this process ({backend})", flush=True)
         bare = bare_analysis(studies[0], backend)
-        engines = f"max_batch_size = {args.batch}" if args.batch else ""
-        options = HospitalOptions(args.idle, args.idle, 0.1, engines, log_level="WARNING")
-        with Hospital(work / "hospital", options, pacs) as hospital:
-            results = [_one(hospital, files, i, args) for i, files in enumerate(studies, start=1)]
+        with Hospital(work / "hospital", hospital_options(args), pacs) as hospital:
+            # The engines load and warm up after HTTP answers; their start-up is not a study's.
+            wait_ready(hospital)
+            results = _all(hospital, studies, args, started)
+    if not results:
+        print("headline: turnaround not measured: no study came back (see above)")
+        return 1
     _print(results, bare, f"{backend}, PACS {pacs.__name__}", args)
     if args.plot:
         from imaging_ai.bench.plots import turnaround_stages
@@ -70,8 +88,61 @@ def run(
         title = f"turnaround of {args.slices}-slice studies by stage ({backend})"
         turnaround_stages(results, args.plot, title)
         print(f"plot: {args.plot}")
-    print(headline(results, bare, args))
+    line = headline(results, bare, args)
+    if args.json:
+        figures = {"backend": backend, "bare_s": bare, "headline": line, "args": vars(args)}
+        studies_json = [asdict(r) for r in results]
+        args.json.write_text(json.dumps({**figures, "studies": studies_json}, default=str))
+    print(line)
     return 0
+
+
+def hospital_options(args: argparse.Namespace) -> HospitalOptions:
+    """The daemon's assembly as configured by default, unless the options say otherwise."""
+    default = AssembleConfig()
+    series, study = (
+        (args.idle, args.idle) if args.idle else (default.series_idle_s, default.study_idle_s)
+    )
+    engines = f"max_batch_size = {args.batch}" if args.batch else ""
+    return HospitalOptions(
+        series, study, default.poll_s, engines, "WARNING", release_grace_s=args.release_grace
+    )
+
+
+def wait_ready(hospital: Hospital, timeout_s: float = 180) -> None:
+    """Wait until the daemon's /readyz says every check is ok (its workers warmed up)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            hospital.daemon.get("/readyz")
+            return
+        except OSError:  # 503 (HTTPError) until every check is ok
+            time.sleep(0.2)
+    raise RuntimeError(
+        f"daemon not ready within {timeout_s:.0f} s: {hospital.daemon.log()[-2000:]}"
+    )
+
+
+def _all(
+    hospital: Hospital, studies: list[list[Path]], args: argparse.Namespace, started: float
+) -> list[StudyStages]:
+    """Every study in turn; within ``--budget``, those that fit, judged by the slowest yet."""
+    results: list[StudyStages] = []
+    longest = 0.0
+    for n, files in enumerate(studies, start=1):
+        left = args.budget - (time.monotonic() - started)
+        if args.budget and results and left < 1.5 * longest:
+            print(f"  {left:.0f} s of the budget left: stopping after {len(results)} studies")
+            break
+        t = time.monotonic()
+        try:
+            results.append(_one(hospital, files, n, args))
+        except (RuntimeError, LookupError) as exc:
+            tail = "\n".join(hospital.daemon.log().splitlines()[-15:])
+            print(f"  study {n} FAILED: {exc}\n  the daemon's log ends:\n{tail}", flush=True)
+            break
+        longest = max(longest, time.monotonic() - t)
+    return results
 
 
 def bare_analysis(files: list[Path], backend: str) -> float:
@@ -120,9 +191,12 @@ def percentile(values: list[float], q: float) -> float:
 
 def _print(results: list[StudyStages], bare: float, setup: str, args: argparse.Namespace) -> None:
     print()
+    options = hospital_options(args)
+    completions = ", ".join(sorted({r.completion for r in results}))
     print(
         f"turnaround: {len(results)} studies of {args.slices} slices, one at a time, pushed by "
-        f"the PACS; {setup}, idle timers {args.idle:g} s"
+        f"the PACS; {setup}; idle timers {options.series_idle_s:g}/{options.study_idle_s:g} s, "
+        f"completed by: {completions}"
     )
     print("from the last instance received to SEG+SR stored in PACS (p95 interpolated)")
     print(f"{'stage':<40} {'p50 s':>7} {'p95 s':>7} {'share':>6}")
