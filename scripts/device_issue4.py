@@ -107,22 +107,36 @@ def gpu_sampler(out: dict[int, list[list[float]]]) -> Iterator[None]:
         with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(5)
         reader.join(5)
-    for line in lines:
+    for line in lines:  # a field the driver does not report reads "[N/A]": NaN here
         parts = [p.strip() for p in line.split(",")]
-        with contextlib.suppress(ValueError):
-            gpu, *values = int(parts[0]), *(float(p) for p in parts[1:4])
-            if len(values) == 3:
-                out.setdefault(gpu, []).append(values)
+        if len(parts) == 4 and parts[0].isdigit():
+            out.setdefault(int(parts[0]), []).append([_number(p) for p in parts[1:]])
+
+
+def _number(text: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        return float("nan")
 
 
 def gpu_figures(samples: dict[int, list[list[float]]], gpus: int) -> list[Row]:
     """Mean utilisation (fraction), SM clock and power of the first `gpus` GPUs."""
     rows = []
     for gpu in sorted(samples)[:gpus]:
-        util, clock, power = (float(np.mean(c)) for c in zip(*samples[gpu], strict=True))
-        rows.append({"gpu": gpu, "util": round(util / 100, 3), "sm_mhz": round(clock)})
-        rows[-1] |= {"power_w": round(power), "samples": len(samples[gpu])}
+        util, clock, power = (_mean(c) for c in zip(*samples[gpu], strict=True))
+        rows.append({"gpu": gpu, "util": round(util / 100, 3), "sm_mhz": _rounded(clock)})
+        rows[-1] |= {"power_w": _rounded(power), "samples": len(samples[gpu])}
     return rows
+
+
+def _mean(values: tuple[float, ...]) -> float:
+    known = [v for v in values if not np.isnan(v)]
+    return float(np.mean(known)) if known else float("nan")
+
+
+def _rounded(value: float) -> int | None:
+    return None if np.isnan(value) else round(value)
 
 
 # ---- traces --------------------------------------------------------------------------------

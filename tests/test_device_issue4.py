@@ -5,6 +5,7 @@ from __future__ import annotations
 import runpy
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -65,3 +66,19 @@ def test_the_headline_compares_the_median_runs_of_two_gpus_and_one() -> None:
     assert line.startswith("headline: two GPUs at 1.76x one")
     assert "busy 90%-90%, GPU util 70%-70%" in line
     assert "no one-vs-two" in script()["headline"]([load(1, 100.0)])
+
+
+def test_the_gpu_sampler_reads_nvidia_smi_and_tolerates_unreported_fields(
+    tmp_path: Path, monkeypatch: Any
+) -> None:
+    fake = tmp_path / "nvidia-smi"
+    fake.write_text("#!/bin/sh\nprintf '0, 55, 1980, 300.5\\n1, 20, [N/A], [N/A]\\n'\nexec sleep 5\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:/usr/bin:/bin")
+    run = script()
+    samples: dict[int, list[list[float]]] = {}
+    with run["gpu_sampler"](samples):
+        time.sleep(0.5)
+    zero, one = run["gpu_figures"](samples, 2)
+    assert (zero["util"], zero["sm_mhz"], zero["power_w"]) == (0.55, 1980, 300)
+    assert (one["util"], one["sm_mhz"], one["power_w"]) == (0.2, None, None)
