@@ -25,8 +25,8 @@ from imaging_ai.postprocess import (
     RIGHT_LUNG,
     Lesion,
     detect_lesions,
+    labels_on_volume_grid,
     organ_volumes_ml,
-    segment_labels,
 )
 from imaging_ai.preprocess import PreprocessSpec, prepare_slices, resize_back
 from imaging_ai.volume import Volume, group_series, load_series, pick_series
@@ -84,13 +84,18 @@ def spec_from_card(card: ModelCard) -> PreprocessSpec:
     )
 
 
-def run_model(model: LoadedModel, volume: Volume) -> Iterator[tuple[slice, NDArray[Any]]]:
-    """Run a model over every slice; yield (slices, outputs on the source grid) by slab."""
+def model_outputs(model: LoadedModel, volume: Volume) -> NDArray[np.float32]:
+    """Run a model over every slice; its outputs on the model's grid, (slices, C, h, w)."""
     inputs = prepare_slices(volume, spec_from_card(model.card))
     batch = model.engine.max_batch_size
-    outputs = np.concatenate(
+    return np.concatenate(
         [model.engine.infer(inputs[i : i + batch]) for i in range(0, len(inputs), batch)]
     )
+
+
+def run_model(model: LoadedModel, volume: Volume) -> Iterator[tuple[slice, NDArray[Any]]]:
+    """Run a model over every slice; yield (slices, outputs on the source grid) by slab."""
+    outputs = model_outputs(model, volume)
     for start in range(0, len(outputs), _SLAB):
         part = slice(start, min(start + _SLAB, len(outputs)))
         sub = replace(volume, hu=volume.hu[part], sop_instance_uids=volume.sop_instance_uids[part])
@@ -106,14 +111,13 @@ def lung_labels(model: LoadedModel, volume: Volume) -> NDArray[np.uint8]:
             remap[label.value] = by_code[label.type.code]
     if not remap.any():
         raise ModelError(f"model {model.card.name} has no right or left lung label")
-    out = np.zeros(volume.hu.shape, np.uint8)
-    for part, probs in run_model(model, volume):
-        out[part] = remap[segment_labels(probs, model.card)]
-    return out
+    labels = labels_on_volume_grid(model_outputs(model, volume), model.card, volume)
+    return remap[labels]
 
 
 def detection_probabilities(model: LoadedModel, volume: Volume) -> NDArray[np.float32]:
-    """A detection model's output on the source grid, (slices, C, rows, cols)."""
+    """A detection model's output on the source grid, (slices, C, rows, cols); for evaluation
+    scripts (the analysis maps back only around the voxels that can pass)."""
     channels = model.card.output.channels
     out = np.zeros((volume.hu.shape[0], channels, *volume.hu.shape[1:]), np.float32)
     for part, probs in run_model(model, volume):
@@ -128,11 +132,11 @@ def analyse(volume: Volume, lungs_model: LoadedModel, nodule_model: LoadedModel)
     lungs = lung_labels(lungs_model, volume)
     timings[lungs_model.card.name] = time.perf_counter() - t
     t = time.perf_counter()
-    probs = detection_probabilities(nodule_model, volume)
+    outputs = model_outputs(nodule_model, volume)
     timings[nodule_model.card.name] = time.perf_counter() - t
     t = time.perf_counter()
-    lesions = detect_lesions(probs, nodule_model.card, volume, lungs)
-    del probs
+    lesions = detect_lesions(outputs, nodule_model.card, volume, lungs)
+    del outputs
     labels = lungs.copy()
     for lesion in lesions:
         labels[tuple(lesion.voxel_index.T)] = LESION

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -9,6 +10,7 @@ import numpy as np
 import SimpleITK as sitk
 from numpy.typing import NDArray
 
+from imaging_ai.mapback import MapBack
 from imaging_ai.modelcard import Label, ModelCard
 from imaging_ai.volume import Volume
 
@@ -71,10 +73,109 @@ def segment_labels(probabilities: NDArray[Any], card: ModelCard) -> NDArray[np.u
 
 
 def _probability(outputs: NDArray[Any], label: Label, card: ModelCard) -> NDArray[Any]:
-    channel = outputs[:, label.channel]
+    return _as_probability(outputs[:, label.channel], card)
+
+
+def _as_probability(channel: NDArray[Any], card: ModelCard) -> NDArray[Any]:
     if card.output.kind == "logits":
         return np.asarray(1.0 / (1.0 + np.exp(-channel)))
     return channel
+
+
+def labels_on_volume_grid(
+    outputs: NDArray[Any], card: ModelCard, volume: Volume
+) -> NDArray[np.uint8]:
+    """``segment_labels(resize_back(outputs, volume), card)``, mapping back only near edges.
+
+    A voxel on the volume's grid is a weighted mean (weights >= 0, summing to 1) of a few model
+    pixels, its taps. Where every tap falls in the same cell of the labelling (same most
+    probable class, same side of every threshold) by more than ``_MARGIN``, so does the mean,
+    and the voxel takes that cell's label; only the voxels near a label's edge are mapped back
+    and labelled in full. Outputs that are not float32 are mapped back whole.
+
+    Parameters
+    ----------
+    outputs
+        (slices, C, h, w) on the model's grid, one entry per slice of ``volume``.
+    card
+        The segmentation model's card.
+    volume
+        The source geometry.
+    """
+    back = MapBack.of(outputs, volume)
+    if outputs.dtype != np.float32:
+        full = back.window(outputs, slice(0, back.size[0]), slice(0, back.size[1]))
+        return segment_labels(full, card)
+    cells, values = _cells(outputs, card)
+    sentinel = len(values)
+    spread = back.spread(cells, sentinel)
+    out: NDArray[np.uint8] = np.append(values, np.uint8(0))[spread]
+    edge = np.flatnonzero(spread == sentinel)
+    if edge.size:
+        s, r, c = np.unravel_index(edge, out.shape)
+        exact = back.at(outputs, s, r, c)
+        np.put(out, edge, segment_labels(exact[:, :, None, None], card)[:, 0, 0])
+    return out
+
+
+# How far a model pixel must be from a class boundary or a threshold to decide the voxels it
+# feeds: far above the float32 rounding of a weighted mean of probabilities (about 1e-7), far
+# below what separates two outputs a card would tell apart.
+_MARGIN = 1e-4
+
+
+def _cells(
+    outputs: NDArray[np.float32], card: ModelCard
+) -> tuple[NDArray[np.integer[Any]], NDArray[np.uint8]]:
+    """Each model pixel's cell of the labelling, or the number of cells where it lies within
+    ``_MARGIN`` of a boundary; and the label value of each cell.
+
+    A cell is which labels pass (a bit each) and, for softmax, the most probable class.
+    """
+    labels = card.labels
+    width = 1 << len(labels)
+    softmax = card.output.kind == "softmax"
+    count = width * (outputs.shape[1] if softmax else 1)
+    dtype = np.uint8 if count < 255 else np.int64
+    cell = np.zeros((outputs.shape[0], *outputs.shape[2:]), dtype)
+    robust = np.ones(cell.shape, bool)
+    if softmax:
+        best, top, second = _top_two(outputs)
+        robust &= top - second > _MARGIN
+        cell += (best * width).astype(dtype)
+        for bit, label in enumerate(labels):
+            on = best == label.channel
+            robust &= ~on | (np.abs(top - label.threshold) > _MARGIN)
+            cell[on & (top >= label.threshold)] += dtype(1 << bit)
+    else:
+        for bit, label in enumerate(labels):
+            probability = _probability(outputs, label, card)
+            robust &= np.abs(probability - label.threshold) > _MARGIN
+            cell[probability >= label.threshold] += dtype(1 << bit)
+    cell[~robust] = count
+    values = np.zeros(count, np.uint8)
+    for code in range(count):
+        for bit, label in enumerate(labels):
+            if code % width & (1 << bit):
+                values[code] = label.value  # the last label that passes wins, as above
+    return cell, values
+
+
+def _top_two(
+    outputs: NDArray[np.float32],
+) -> tuple[NDArray[np.intp], NDArray[np.float32], NDArray[np.float32]]:
+    """Per pixel: the most probable class (the first on a tie, as argmax), its probability and
+    the next highest probability over the classes (equal to it on a tie)."""
+    best = np.zeros((outputs.shape[0], *outputs.shape[2:]), np.intp)
+    top = outputs[:, 0].copy()
+    second = np.full_like(top, -np.inf)
+    for channel in range(1, outputs.shape[1]):
+        value = outputs[:, channel]
+        above = value > top
+        np.maximum(second, np.where(above, top, value), out=second)
+        np.maximum(top, value, out=top)
+        best[above] = channel
+    return best, top, second
 
 
 def detect_lesions(
@@ -82,10 +183,15 @@ def detect_lesions(
 ) -> list[Lesion]:
     """Group a detection model's per-slice probabilities into measured 3-D lesions.
 
+    Only boxes around the model pixels within ``_MARGIN`` of the threshold or above are mapped
+    back to the volume's grid: a voxel is a weighted mean of its taps, so outside them none can
+    pass. Components are numbered as over the whole volume: largest first, ties in the order of
+    their first voxel.
+
     Parameters
     ----------
     probabilities
-        (slices, C, rows, cols) on the source grid.
+        (slices, C, h, w) on the model's grid or the source grid.
     card
         The detection model's card: its first label gives the threshold and minimum volume.
     volume
@@ -94,14 +200,38 @@ def detect_lesions(
         The lung label map (RIGHT_LUNG / LEFT_LUNG), used to name each lesion's side.
     """
     label = card.labels[0]
-    prob = _probability(probabilities, label, card)
-    mask = prob >= label.threshold
+    back = MapBack.of(probabilities, volume)
+    near = _probability(probabilities, label, card) >= label.threshold - _MARGIN
     min_voxels = max(1, int(label.min_volume_mm3 / (volume.voxel_volume_ml * 1000.0)))
-    components = connected_components(mask, volume, min_voxels)
-    lesions = []
-    for number, idx in enumerate(components, start=1):
-        lesions.append(measure(number, idx, prob, volume, lungs))
-    return lesions
+    found: list[tuple[NDArray[np.intp], NDArray[Any]]] = []
+    channel = slice(label.channel, label.channel + 1)
+    for slices, rows, cols in _boxes(near, back):
+        window = back.window(probabilities[slices, channel], rows, cols)
+        prob = _as_probability(window[:, 0], card)
+        offset = np.array([slices.start, rows.start, cols.start])
+        for idx in connected_components(prob >= label.threshold, volume, min_voxels):
+            found.append((idx + offset, prob[tuple(idx.T)]))
+    found.sort(key=lambda item: (-len(item[0]), tuple(item[0][0])))
+    return [
+        measure(number, idx, prob, volume, lungs)
+        for number, (idx, prob) in enumerate(found, start=1)
+    ]
+
+
+def _boxes(near: NDArray[np.bool_], back: MapBack) -> Iterator[tuple[slice, slice, slice]]:
+    """Boxes on the source grid that hold every voxel fed by a ``near`` model pixel: one per
+    run of slices that have any, so that no component crosses from one box to another."""
+    on = np.flatnonzero(near.any(axis=(1, 2)))
+    runs = np.split(on, np.flatnonzero(np.diff(on) > 1) + 1) if on.size else []
+    for run in runs:
+        part = near[run[0] : run[-1] + 1]
+        rows = np.flatnonzero(part.any(axis=(0, 2)))
+        cols = np.flatnonzero(part.any(axis=(0, 1)))
+        yield (
+            slice(int(run[0]), int(run[-1]) + 1),
+            back.span(int(rows[0]), int(rows[-1]), 0),
+            back.span(int(cols[0]), int(cols[-1]), 1),
+        )
 
 
 def connected_components(
@@ -126,11 +256,12 @@ def connected_components(
 def measure(
     number: int,
     idx: NDArray[np.intp],
-    prob: NDArray[Any],
+    probability: NDArray[Any],
     volume: Volume,
     lungs: NDArray[np.uint8],
 ) -> Lesion:
-    """Measure one component: centre, RECIST-style axes, volume, HU and side."""
+    """Measure one component (its voxels and their probabilities): centre, RECIST-style axes,
+    volume, HU and side."""
     s, r, c = idx[:, 0], idx[:, 1], idx[:, 2]
     centre = volume.index_to_lps(np.stack([c, r, s], axis=1).mean(axis=0))
     hu = volume.hu[s, r, c]
@@ -143,7 +274,7 @@ def measure(
         volume_ml=len(idx) * volume.voxel_volume_ml,
         mean_hu=float(hu.mean()),
         max_hu=float(hu.max()),
-        max_probability=float(prob[s, r, c].max()),
+        max_probability=float(probability.max()),
         side=_side(idx, lungs),
         slices=(int(s.min()), int(s.max())),
         voxels=len(idx),

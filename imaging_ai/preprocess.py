@@ -89,7 +89,7 @@ class PreprocessSpec:
 
 
 @dataclass(frozen=True)
-class _Taps:
+class Taps:
     """A 1-D linear map along one axis: ``out[o] = sum_t weight[t, o] * in[index[t, o]]``."""
 
     index: NDArray[np.intp]
@@ -270,11 +270,11 @@ def _denoise(
 
 def _resize(x: Array, size: tuple[int, int], xp: ModuleType) -> Array:
     """Resize the last two axes: area averaging to shrink (antialiased), linear to enlarge."""
-    x = _apply_taps(x, _resize_taps(x.shape[-2], size[0]), x.ndim - 2, xp)
-    return _apply_taps(x, _resize_taps(x.shape[-1], size[1]), x.ndim - 1, xp)
+    x = apply_taps(x, resize_taps(x.shape[-2], size[0]), x.ndim - 2, xp)
+    return apply_taps(x, resize_taps(x.shape[-1], size[1]), x.ndim - 1, xp)
 
 
-def _apply_taps(x: Array, taps: _Taps | None, axis: int, xp: ModuleType) -> Array:
+def apply_taps(x: Array, taps: Taps | None, axis: int, xp: ModuleType) -> Array:
     """Apply a 1-D linear map along ``axis``; ``None`` is the identity."""
     if taps is None:
         return x
@@ -301,7 +301,7 @@ def _convolve(x: Array, kernel: NDArray[np.float32] | None, axis: int, xp: Modul
     """Convolve along ``axis`` with an odd, symmetric kernel; edges mirrored as by :func:`_reflect`.
 
     Sliding a window over one padded copy reads memory in order, which a gather per tap
-    (:func:`_apply_taps`) would not.
+    (:func:`apply_taps`) would not.
     """
     if kernel is None:
         return x
@@ -316,7 +316,7 @@ def _convolve(x: Array, kernel: NDArray[np.float32] | None, axis: int, xp: Modul
     return out
 
 
-def _resize_taps(n_in: int, n_out: int) -> _Taps | None:
+def resize_taps(n_in: int, n_out: int) -> Taps | None:
     """Pixel-centre-aligned resampling: box-filter overlap when shrinking, linear when enlarging."""
     if n_in == n_out:
         return None
@@ -330,12 +330,12 @@ def _resize_taps(n_in: int, n_out: int) -> _Taps | None:
         overlap = np.minimum(end, i + 1) - np.maximum(start, i)
         weight = np.clip(overlap, 0.0, None) / scale
         used = weight.max(axis=1) > 0  # exact factors leave the last tap empty everywhere
-        return _Taps(np.minimum(i, n_in - 1)[used], weight[used].astype(np.float32))
+        return Taps(np.minimum(i, n_in - 1)[used], weight[used].astype(np.float32))
     source = np.clip((out + 0.5) * scale - 0.5, 0.0, n_in - 1)
     low = np.floor(source).astype(np.intp)
     frac = source - low
     index = np.stack([low, np.minimum(low + 1, n_in - 1)])
-    return _Taps(index, np.stack([1 - frac, frac]).astype(np.float32))
+    return Taps(index, np.stack([1 - frac, frac]).astype(np.float32))
 
 
 def _nearest_index(n_in: int, n_out: int) -> NDArray[np.intp]:

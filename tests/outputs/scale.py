@@ -42,12 +42,11 @@ def large_study(
     lungs = np.zeros((slices, size, size), np.uint8)
     lungs[slices // 6 : slices * 5 // 6, right] = RIGHT_LUNG
     lungs[slices // 6 : slices * 5 // 6, left] = LEFT_LUNG
-    prob = np.broadcast_to(np.float32(1.0), lungs.shape)
     found = []
     for n in range(lesions):
         k, r, c = slices // 4 + 25 * n, size // 2, int(size * (0.3 if n % 2 else 0.7))
         idx = np.argwhere(np.ones((4, 8, 8), bool)) + np.array([k, r, c])
-        found.append(measure(n + 1, idx, prob, volume, lungs))
+        found.append(measure(n + 1, idx, np.ones(len(idx), np.float32), volume, lungs))
     labels = lungs.copy()
     for lesion in found:
         labels[tuple(lesion.voxel_index.T)] = LESION
