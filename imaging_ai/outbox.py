@@ -13,6 +13,7 @@ import socket
 import ssl
 import threading
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -139,13 +140,21 @@ class Outbox:
                 self._wake.clear()
 
     def deliver_due(self, now: datetime | None = None) -> int:
-        """Try every delivery that is due; return how many were attempted."""
+        """Try every delivery that is due; return how many were attempted.
+
+        Each destination in its own thread: a RIS that takes its 30-s timeout to fail does
+        not hold back the SEG and SR for PACS (nor one PACS another).
+        """
         due = self._claim_due(now or utcnow())
         by_destination: dict[str, list[Delivery]] = {}
         for row in due:
             by_destination.setdefault(row.destination, []).append(row)
-        for destination, rows in by_destination.items():
-            self._deliver(destination, rows)
+        if len(by_destination) == 1:
+            self._deliver(*next(iter(by_destination.items())))
+        elif by_destination:
+            with ThreadPoolExecutor(len(by_destination), "outbox-send") as pool:
+                for sent in [pool.submit(self._deliver, *each) for each in by_destination.items()]:
+                    sent.result()  # an unexpected error reaches _run's log, as before
         return len(due)
 
     def _claim_due(self, now: datetime) -> list[Delivery]:

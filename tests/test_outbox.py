@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import threading
 import time
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
@@ -25,6 +26,7 @@ from imaging_ai.db.models import AuditEvent, Delivery, Study
 from imaging_ai.db.session import session_factory
 from imaging_ai.errors import DeliveryError
 from imaging_ai.outbox import Outbox, Payload, backoff_s, pacs_key
+from tests.conftest import wait_until
 from tests.dicom_factory import ct_series
 
 T0 = datetime(2026, 11, 30, 11, 0, tzinfo=UTC)
@@ -176,3 +178,27 @@ def test_the_sender_is_woken_only_once_the_rows_are_committed(
             )
             assert not outbox._wake.is_set()  # rows not visible yet: a wake now finds nothing
         assert outbox._wake.is_set()
+
+
+def test_a_slow_ris_does_not_hold_back_pacs(
+    engine: Engine, tmp_path: Path, storescp: tuple[int, Path]
+) -> None:
+    pacs_done = threading.Event()
+
+    def slow_ris(dest: RisDestination, message: str) -> None:
+        pacs_done.wait(10)  # as a RIS does that takes its timeout to fail
+
+    outbox, _ = setup(engine, tmp_path, storescp[0], ris=True, sender=slow_ris)
+    with Session(engine) as s, s.begin():
+        oru = s.scalars(select(Delivery).where(Delivery.kind == "oru")).one()
+        oru.next_try_at = T0 - timedelta(seconds=1)  # first in the pass
+    sending = threading.Thread(target=outbox.deliver_due, args=(T0,))
+    sending.start()
+    try:
+        wait_until(
+            lambda: [r.state for r in rows(engine) if r.kind != "oru"] == ["done", "done"], 8.0
+        )
+    finally:
+        pacs_done.set()
+        sending.join(15)
+    assert [r.state for r in rows(engine)] == ["done", "done", "done"]
