@@ -9,7 +9,7 @@ Everything uses the daemon's own pieces (`WorkerPool`, one `Batcher` per shipped
 shipped lung-seg and nodule-det 2.0.0, batch 64, ONNX Runtime CUDA FP16 as a worker loads it).
 
 (a) trace: one GPU worker; batches of 64 submitted straight to it, lung-seg and nodule-det in
-    turn, with 1 and then 2 in flight; each batch's `BatchTrace` splits its round trip into
+    turn, with 1, 2 and 3 in flight; each batch's `BatchTrace` splits its round trip into
     the hand-over to the worker, waiting for a free set of engines, the engine's copy in, run
     and copy out, the rest of the worker's time, the reply and the way back to the daemon.
 (b) load: 16 client threads send 96 studies of 300 preprocessed slices through both models
@@ -568,7 +568,7 @@ def run_all(
     if pools["1"] is None:
         del pools["1"]
         return
-    for deep in (1, 2):
+    for deep in (1, 2, 3):
         rows = report.step(
             f"trace, {deep} in flight",
             partial(trace_in_flight, pools["1"].pool, cards, args.batch, deep, args.trace_s),
