@@ -1,7 +1,8 @@
 """Batches in; model outputs out, from one worker process per GPU (or CPU workers), watched.
 
 Each worker process sees one GPU (as device 0, through CUDA_VISIBLE_DEVICES), loads every model
-there and runs the batches it is sent, one at a time; on a host without a GPU the same code runs
+there and runs the batches it is sent (a GPU worker `WorkerSpec.concurrency` at once, each thread
+taking the next task from the pipe itself); on a host without a GPU the same code runs
 `PoolConfig.cpu_workers` CPU workers. A batch is slot numbers of its model's shared-memory arena
 (`imaging_ai.arena`): a worker maps each arena once (and on a GPU page-locks it), reads the
 batch's inputs straight from its slots and writes the outputs into them, so only a small task
@@ -25,14 +26,12 @@ import logging
 import math
 import multiprocessing
 import os
-import queue
 import signal
 import sys
 import threading
 import time
 from collections import Counter, deque
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from multiprocessing.connection import Connection, wait
 from multiprocessing.process import BaseProcess
@@ -303,54 +302,93 @@ def _worker_main(
 
 
 def _serve(conn: Connection, sets: list[dict[str, Engine]], parent_pid: int, staged: bool) -> None:
-    """Run tasks as they come, each on a free set of engines, until told to stop or orphaned."""
+    """Run tasks until told to stop or orphaned: one thread per set of engines, each taking the
+    next task from the pipe itself as soon as it is free.
+
+    No thread hands a task to another: a queued task starts the moment a set of engines is free,
+    and an idle worker's batch wakes one thread, not two (each wake-up cost about a millisecond
+    on the GPU machine: docs/benchmarks.md, "Where a worker's batch time goes").
+    """
     on_gpu = any(e.info.device.startswith("cuda") for e in sets[0].values())
     arenas = _Arenas(page_lock=on_gpu and not staged)
-    free: queue.SimpleQueue[_Runner] = queue.SimpleQueue()
-    for engines in sets:
-        free.put(_Runner(engines, _Staging() if on_gpu and staged else None))
-    sending, clock = threading.Lock(), _BusyClock()
+    runners = [_Runner(engines, _Staging() if on_gpu and staged else None) for engines in sets]
+    pipe = _Pipe(conn, parent_pid)
+    clock = _BusyClock()
 
-    def run(task: _Task, runner: _Runner, received: int) -> None:
+    def serve(runner: _Runner) -> None:
         try:
+            batches(runner)
+        except BaseException:  # a bug here: end the worker, so the parent retries its batches
+            log.exception("inference worker thread failed")
+            pipe.close()
+            raise
+
+    def batches(runner: _Runner) -> None:
+        while (got := pipe.next_task()) is not None:
+            task, received = got
             started = time.monotonic_ns()
             clock.start()
             result = _run_task(task, runner, arenas, sets)
             ended = time.monotonic_ns()
             if isinstance(result, _Done):  # busy time counts once however many batches ran
-                result = replace(result, seconds=clock.stop())
+                marks = (received, started, ended, 0)
+                result = replace(result, seconds=clock.stop(), marks=marks)
             else:
                 clock.stop()
-            with sending, contextlib.suppress(OSError):  # the parent is gone: nothing to tell
-                if isinstance(result, _Done):
-                    marks = (received, started, ended, time.monotonic_ns())
-                    result = replace(result, marks=marks)
-                conn.send(result)
-        finally:
-            free.put(runner)
+            pipe.reply(result)
 
-    runners = ThreadPoolExecutor(len(sets), thread_name_prefix="batch")
+    threads = [
+        threading.Thread(target=serve, args=(r,), name=f"batch-{i}", daemon=True)
+        for i, r in enumerate(runners)
+    ]
     try:
-        while os.getppid() == parent_pid:
-            if not conn.poll(_PARENT_POLL_S):
-                continue
-            task = conn.recv()
-            received = time.monotonic_ns()
-            if task is None:
-                return
-            runners.submit(run, task, free.get(), received)  # waits while every set is busy
-    except (EOFError, OSError):  # the parent is gone
-        return
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
     finally:
-        runners.shutdown(wait=True)
         arenas.close()
-        while not free.empty():
-            runner = free.get()
+        for runner in runners:
             if runner.staging is not None:
                 runner.staging.close()
         for engines in sets:
             for engine in engines.values():
                 engine.close()
+
+
+class _Pipe:
+    """The worker's end of the pipe, shared by its runner threads: one reads at a time."""
+
+    def __init__(self, conn: Connection, parent_pid: int) -> None:
+        self._conn, self._parent_pid = conn, parent_pid
+        self._receiving, self._sending = threading.Lock(), threading.Lock()
+        self._closed = False
+
+    def next_task(self) -> tuple[_Task, int] | None:
+        """The next task and when it was read (ns); None once told to stop or orphaned."""
+        with self._receiving:
+            try:
+                while not self._closed and os.getppid() == self._parent_pid:
+                    if self._conn.poll(_PARENT_POLL_S):
+                        task = self._conn.recv()
+                        if task is None:
+                            break
+                        return task, time.monotonic_ns()
+            except (EOFError, OSError):  # the parent is gone
+                pass
+            self._closed = True  # the other runners stop too, after their batch
+            return None
+
+    def close(self) -> None:
+        """Let no runner take another task."""
+        self._closed = True
+
+    def reply(self, result: _Done | _Failed) -> None:
+        """Send a batch's result (with the time it leaves, for its trace)."""
+        with self._sending, contextlib.suppress(OSError):  # the parent is gone: nothing to tell
+            if isinstance(result, _Done):
+                result = replace(result, marks=(*result.marks[:3], time.monotonic_ns()))
+            self._conn.send(result)
 
 
 class _BusyClock:

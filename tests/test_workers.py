@@ -459,6 +459,34 @@ def test_a_gpu_worker_runs_batches_at_once_on_copies_of_its_engines(
     assert status.batches_done == 2 and 0 < status.busy_s < 30
 
 
+def test_a_queued_batch_is_taken_from_the_pipe_by_the_first_free_set_of_engines(
+    tiny: TinyModel, tmp_path: Path, pools: list[WorkerPool]
+) -> None:
+    gate = tmp_path / "gates" / "open"
+    gate.parent.mkdir()
+    spec = WorkerSpec((tiny.card.folder,), factory=Faulty("gate", gate), concurrency=2)
+    pool = WorkerPool(spec, PoolConfig(gpus=1, depth=2))  # three in flight: two run, one waits
+    pool.start()
+    pools.append(pool)
+    results = Results(pool)
+    for label, first in (("a", 1.0), ("b", 3.0), ("c", 5.0)):
+        submit(pool, results, label, batch(first, first + 1))
+    wait_until(lambda: len(list(gate.parent.glob("running-*"))) == 2)
+    time.sleep(0.2)
+    assert len(list(gate.parent.glob("running-*"))) == 2  # the third waits in the pipe
+    gate.touch()
+    outputs = results.wait("a", "b", "c")
+    assert [float(y[0, 0, 0, 0]) for y in outputs if isinstance(y, np.ndarray)] == [1.0, 3.0, 5.0]
+    wait_until(lambda: len(pool._traces) == 3)
+    *running, queued = sorted(pool.take_traces(), key=lambda t: t.received)
+    assert queued.received >= min(t.ended for t in running)  # read once a set of engines was free
+    (status,) = pool.status()
+    pid = status.pid
+    assert pid is not None
+    pool.stop()
+    assert gone(pid)
+
+
 def test_staged_copies_gather_a_batch_into_page_locked_buffers_and_scatter_it_back(
     monkeypatch: pytest.MonkeyPatch, reference: FixedLatencyEngine
 ) -> None:
