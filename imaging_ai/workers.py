@@ -151,9 +151,10 @@ class BatchTrace:
     """One batch's way through a worker, in nanoseconds of the host's monotonic clock.
 
     `sent` and `returned` are the daemon's (task written to the worker's pipe, result read
-    back); `received`, `started` (a set of engines free), `ended` (outputs in the slots) and
-    `replied` the worker's. `stages` is the engine's own copy in, run and copy out (ns) where it
-    reports them (`infer.ort.last_stages`). CLOCK_MONOTONIC is one clock for every process.
+    back); `received` (a free runner thread read it, so `received - sent` includes any wait for
+    a free set of engines), `started`, `ended` (outputs in the slots) and `replied` the worker's.
+    `stages` is the engine's own copy in, run and copy out (ns) where it reports them
+    (`infer.ort.last_stages`). CLOCK_MONOTONIC is one clock for every process.
     """
 
     model: str

@@ -10,8 +10,9 @@ shipped lung-seg and nodule-det 2.0.0, batch 64, ONNX Runtime CUDA FP16 as a wor
 
 (a) trace: one GPU worker; batches of 64 submitted straight to it, lung-seg and nodule-det in
     turn, with 1, 2 and 3 in flight; each batch's `BatchTrace` splits its round trip into
-    the hand-over to the worker, waiting for a free set of engines, the engine's copy in, run
-    and copy out, the rest of the worker's time, the reply and the way back to the daemon.
+    the way to a free runner thread of the worker (a batch waiting for a free set of engines
+    waits in the pipe), the engine's copy in, run and copy out, the rest of the worker's time,
+    the reply and the way back to the daemon.
 (b) load: 16 client threads send 96 studies of 300 preprocessed slices through both models
     (a slice counts once per model) on a one-GPU pool and on a two-GPU pool, alternately and
     `--repeats` times each, with each GPU's utilisation, SM clock and power (`nvidia-smi`, every
