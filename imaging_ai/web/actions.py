@@ -28,7 +28,7 @@ class Action:
     """One admin action and the words around it; ``{what}`` names the target."""
 
     name: str
-    kind: str  # what the target is: study, delivery or class
+    kind: str  # what the target is: study, delivery, class or models
     button: str
     question: str
     consequence: str
@@ -67,9 +67,16 @@ ACTIONS = {
                "This result is not sent to this destination unless the study is processed "
                "again.",
                "Delivery {what} cancelled.", "Delivery {what} was not pending: nothing changed."),
+        Action("reload_models", "models", "Reload models", "Reload {what}?",
+               "The model folders are validated and their engines loaded in the background. "
+               "Studies already running finish on the current models, later ones use the new "
+               "ones. A model that fails validation leaves the current ones running, and the "
+               "error shows on this page.",
+               "Model reload started: this page shows the models' error if it fails."),
     )
 }  # fmt: skip
 URGENCY = {p: i for i, p in enumerate(PRIORITY_CLASSES)}
+MODELS = "engines"  # the one target of reload_models: the engines folder
 
 
 @dataclass(frozen=True)
@@ -135,6 +142,10 @@ class Actions:
         return self.pages.ctx.actions
 
     def _target(self, action: Action, key: str) -> Target:
+        if action.kind == "models":
+            if key != MODELS:
+                raise HTTPException(404, f"no {key!r}: the models' target is {MODELS!r}")
+            return Target(key, "the models")
         with self.pages.ctx.sessions() as s:
             if action.kind == "class":
                 if key not in PRIORITY_CLASSES:
@@ -168,6 +179,9 @@ def run(actions: AdminActions, name: str, key: str, priority: str, actor: str) -
         return True
     if name == "retry_delivery":
         return actions.retry_delivery(int(key), actor)
+    if name == "reload_models":
+        actions.reload_models(actor)
+        return True
     return actions.cancel_delivery(int(key), actor)
 
 

@@ -34,6 +34,9 @@ class AdminActions(Protocol):
     def cancel_delivery(self, delivery_id: int, actor: str) -> bool:
         """Stop trying a delivery."""
 
+    def reload_models(self, actor: str) -> None:
+        """Validate and load the model folders in the background, then swap them in."""
+
 
 def _no_live_status() -> dict[str, Any]:
     return {}

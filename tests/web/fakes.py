@@ -75,6 +75,11 @@ class FakeActions:
         self.calls.append(("cancel_delivery", str(delivery_id), actor))
         return self._delivery(delivery_id, actor, "cancel_delivery", "cancelled")
 
+    def reload_models(self, actor: str) -> None:
+        self.calls.append(("reload_models", "engines", actor))
+        with self.sessions() as s, s.begin():
+            self._audit(s, actor, "models_reload", "engines", True)
+
     def _delivery(self, delivery_id: int, actor: str, action: str, state: str) -> bool:
         with self.sessions() as s, s.begin():
             row = s.get(Delivery, delivery_id)

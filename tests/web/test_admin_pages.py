@@ -63,6 +63,7 @@ ACTIONS: list[tuple[str, str, dict[str, str], tuple[str, ...], str]] = [
     ("resume_class", "inpatient", {}, ("set_paused", "inpatient", "False"), "resumed"),
     ("retry_delivery", "failing", {}, ("retry_delivery",), "will be tried now"),
     ("cancel_delivery", "failing", {}, ("cancel_delivery",), "cancelled"),
+    ("reload_models", "engines", {}, ("reload_models",), "Model reload started"),
 ]
 
 
@@ -101,6 +102,11 @@ def test_each_action_is_confirmed_then_done_and_audited(
         (request,) = s.scalars(select(AuditEvent).where(AuditEvent.action == "admin_request"))
     assert (request.actor, request.target, request.source) == ("it", target, "testclient")
     assert request.detail.startswith(action) and request.detail.endswith("changed")
+
+
+def test_the_status_page_offers_a_model_reload(admin: TestClient, seeded: Seeded) -> None:
+    assert "action=reload_models&amp;target=engines" in admin.get("/admin").text
+    assert admin.get("/admin/confirm?action=reload_models&target=x").status_code == 404
 
 
 def test_bad_action_requests(admin: TestClient, seeded: Seeded) -> None:
