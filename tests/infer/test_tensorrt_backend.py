@@ -20,7 +20,9 @@ from imaging_ai.infer.tensorrt import (
     build_engines,
     engine_key,
 )
+from imaging_ai.infer.trt_engine import TensorRTEngine
 from imaging_ai.infer.trt_fake import make_fake_tensorrt
+from imaging_ai.modelcard import ModelCard, load_model_card
 from tests.infer.tiny_model import TinyModel
 
 SMALL = TensorRTOptions(precision="fp32", max_batch_size=8, opt_batch_size=4)
@@ -75,6 +77,35 @@ def test_11x_fp16_builds_from_a_converted_onnx_without_the_flag(
     batch = tiny.batch(3)
     np.testing.assert_allclose(engine.infer(batch), tiny.expected(batch), atol=5e-3)
     engine.close()
+
+
+def minmax_card(tiny: TinyModel, folder: Path) -> ModelCard:
+    """The tiny model with a min-max window, as the shipped cards have."""
+    folder.mkdir(parents=True)
+    (folder / "model.onnx").write_bytes(tiny.card.onnx_path.read_bytes())
+    text = (tiny.card.folder / "model.toml").read_text()
+    (folder / "model.toml").write_text(text.replace('normalise = "zscore"', 'normalise = "minmax"'))
+    card = load_model_card(folder)
+    assert card.preprocess.normalise == "minmax"
+    return card
+
+
+@pytest.mark.parametrize("version", ["10.13.0", "11.0.0"])
+def test_an_fp16_build_is_kept_within_the_stated_tolerance_and_refused_outside_it(
+    tiny: TinyModel, tmp_path: Path, version: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    card = minmax_card(tiny, tmp_path / "minmax")
+    fp16 = replace(SMALL, precision="fp16")
+    be, _, _ = backend(tmp_path / "kept", version, fp16)
+    be.load(card).close()
+    assert list(be.engines_dir.glob("*.plan"))
+    # A plan whose outputs land a pixel off moves them further than 1 HU of input noise does.
+    run = TensorRTEngine.infer
+    monkeypatch.setattr(TensorRTEngine, "infer", lambda self, x: np.roll(run(self, x), 1, -1))
+    be, _, _ = backend(tmp_path / "refused", version, fp16)
+    with pytest.raises(EngineError, match="1 HU of input noise"):
+        be.load(card)
+    assert not list(be.engines_dir.glob("*.plan"))
 
 
 @pytest.mark.parametrize("version", ["10.13.0", "11.0.0"])
