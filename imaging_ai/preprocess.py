@@ -9,7 +9,9 @@ same order on either device.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+import os
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any, Literal, TypeAlias, cast, get_args
@@ -114,11 +116,17 @@ def prepare_slices(volume: Volume, spec: PreprocessSpec) -> NDArray[np.floating[
         input (:func:`add_context`). :func:`resize_back` maps outputs to the source grid.
     """
     spacing_xy = (volume.spacing_mm[0], volume.spacing_mm[1])
-    out = prepare_array(volume.hu, spacing_xy, spec, np)
+    out = prepare_array(volume.hu, spacing_xy, spec, np, threads=cpu_threads())
     if spec.context_slices:
         stride = context_stride(volume.spacing_mm[2], spec.context_spacing_mm)
         out = add_context(out, stride, spec.context_slices, np)
     return cast(NDArray[np.floating[Any]], out)
+
+
+def cpu_threads() -> int:
+    """Threads for the CPU stages' array work: this process's cores, at most 8 (beyond that
+    these memory-bound loops gain little, and other studies and workers share the host)."""
+    return max(1, min(8, len(os.sched_getaffinity(0))))
 
 
 def context_stride(slice_spacing_mm: float, context_spacing_mm: float) -> int:
@@ -160,6 +168,7 @@ def prepare_array(
     spec: PreprocessSpec,
     xp: ModuleType,
     chunk: int = _CHUNK,
+    threads: int = 1,
 ) -> Array:
     """Run the maths of :func:`prepare_slices` with the array module ``xp``.
 
@@ -176,6 +185,9 @@ def prepare_array(
     chunk
         Slices moved and filtered at a time. Every step but the z-score statistics works per
         slice, so the chunk size bounds memory without changing results.
+    threads
+        Chunks prepared at once (numpy releases the GIL in these loops); the results do not
+        depend on it.
 
     Returns
     -------
@@ -184,29 +196,44 @@ def prepare_array(
     """
     count = hu.shape[0]
     low, high = spec.window
-    windowed = xp.empty(hu.shape, dtype=xp.float32)
-    for start in range(0, count, chunk):
-        part = _denoise(
-            xp.asarray(hu[start : start + chunk], dtype=xp.float32), spacing_xy, spec, xp
-        )
-        windowed[start : start + chunk] = xp.clip(part, np.float32(low), np.float32(high))
-    shift, scale = _normalisation(windowed, spec, xp, chunk)
+    minmax = (np.float32(low), np.float32(1.0 / (high - low)))
     out = xp.empty((count, 1, *spec.input_size), dtype=spec.dtype)
-    for start in range(0, count, chunk):
-        part = windowed[start : start + chunk]
-        part -= shift
-        part *= scale
+    windowed = None if spec.normalise == "minmax" else xp.empty(hu.shape, dtype=xp.float32)
+
+    def window(start: int) -> None:
+        part = xp.asarray(hu[start : start + chunk], dtype=xp.float32)
+        part = xp.clip(_denoise(part, spacing_xy, spec, xp), np.float32(low), np.float32(high))
+        if windowed is None:  # min-max needs nothing of the whole volume: carry on at once
+            finish(start, part, minmax)
+        else:
+            windowed[start : start + chunk] = part
+
+    def finish(start: int, part: Array, norm: tuple[np.float32, np.float32]) -> None:
+        part -= norm[0]
+        part *= norm[1]
         out[start : start + chunk, 0] = _resize(part, spec.input_size, xp)
+
+    starts = range(0, count, chunk)
+    _each(starts, window, threads)
+    if windowed is not None:
+        zscore = _zscore(windowed, xp, chunk)
+        _each(starts, lambda start: finish(start, windowed[start : start + chunk], zscore), threads)
     return out
 
 
-def _normalisation(
-    windowed: Array, spec: PreprocessSpec, xp: ModuleType, chunk: int
-) -> tuple[np.float32, np.float32]:
-    """The (shift, scale) that ``(x - shift) * scale`` normalises with."""
-    low, high = spec.window
-    if spec.normalise == "minmax":
-        return np.float32(low), np.float32(1.0 / (high - low))
+def _each(starts: range, work: Callable[[int], None], threads: int) -> None:
+    """Run ``work`` for every chunk start, on up to ``threads`` threads."""
+    if threads <= 1 or len(starts) <= 1:
+        for start in starts:
+            work(start)
+        return
+    with ThreadPoolExecutor(min(threads, len(starts)), thread_name_prefix="preprocess") as pool:
+        for done in [pool.submit(work, start) for start in starts]:
+            done.result()
+
+
+def _zscore(windowed: Array, xp: ModuleType, chunk: int) -> tuple[np.float32, np.float32]:
+    """The (shift, scale) that ``(x - shift) * scale`` normalises the windowed volume with."""
     total = total_sq = 0.0
     for start in range(0, windowed.shape[0], chunk):
         part = windowed[start : start + chunk]

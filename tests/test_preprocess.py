@@ -27,6 +27,7 @@ from imaging_ai.preprocess import (
     PreprocessSpec,
     context_indices,
     context_stride,
+    prepare_array,
     prepare_slices,
     resize_back,
 )
@@ -421,6 +422,18 @@ def test_zscore_and_float16() -> None:
     assert out.dtype == np.float16
     assert float(out.astype(np.float64).mean()) == pytest.approx(0, abs=1e-3)
     assert float(out.astype(np.float64).std()) == pytest.approx(1, abs=1e-3)
+
+
+@pytest.mark.parametrize(
+    "case",
+    [spec(), spec(normalise="zscore"), spec(denoise="gaussian", denoise_sigma_mm=1.0)],
+    ids=["minmax", "zscore", "gaussian"],
+)
+def test_threads_do_not_change_the_input(case: PreprocessSpec) -> None:
+    hu = np.random.default_rng(2).normal(-300, 400, (21, 40, 36)).astype(np.float32)
+    one = prepare_array(hu, (0.7, 0.8), case, np, chunk=4)
+    many = prepare_array(hu, (0.7, 0.8), case, np, chunk=4, threads=3)
+    np.testing.assert_array_equal(many, one)
 
 
 def test_area_resize_averages_blocks_and_antialiases() -> None:
