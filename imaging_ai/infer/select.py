@@ -4,7 +4,7 @@
 when onnxruntime-gpu offers it and a GPU is visible, else ONNX Runtime on the CPU. A forced
 setting that this host cannot honour is refused at start, with what is missing.
 `FallbackEngine` keeps a study alive when the GPU fails mid-run: the batch is rerun on the CPU
-and the event is counted for the status page.
+and counted, for the status page and the study's record (`process` notes it on the job).
 """
 
 from __future__ import annotations
