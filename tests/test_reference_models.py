@@ -103,7 +103,7 @@ def test_daemon_path_on_a_held_out_phantom(models: tuple[LoadedModel, LoadedMode
     for value in (1, 2):  # right, left
         pred, truth = labels == value, pv.lung_labels[::-1] == value
         dice = 2 * (pred & truth).sum() / (pred.sum() + truth.sum())
-        assert dice >= 0.9, f"lung {value}: Dice {dice:.3f}"
+        assert dice >= 0.95, f"lung {value}: Dice {dice:.3f}"  # the card's goal (0.99 / 0.99 here)
     result = analyse(vol, lung, nodule)
     centres = np.array([lesion.centre_mm for lesion in result.lesions]).reshape(-1, 3)
     assert len(pv.nodules) == 2
