@@ -111,8 +111,7 @@ def lung_labels(model: LoadedModel, volume: Volume) -> NDArray[np.uint8]:
             remap[label.value] = by_code[label.type.code]
     if not remap.any():
         raise ModelError(f"model {model.card.name} has no right or left lung label")
-    labels = labels_on_volume_grid(model_outputs(model, volume), model.card, volume)
-    return remap[labels]
+    return labels_on_volume_grid(model_outputs(model, volume), model.card, volume, remap)
 
 
 def detection_probabilities(model: LoadedModel, volume: Volume) -> NDArray[np.float32]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -12,6 +13,7 @@ from numpy.typing import NDArray
 
 from imaging_ai.mapback import MapBack
 from imaging_ai.modelcard import Label, ModelCard
+from imaging_ai.preprocess import cpu_threads
 from imaging_ai.volume import Volume
 
 # Values of the combined label map written by `imaging-ai infer` and used for SEG segments.
@@ -83,15 +85,20 @@ def _as_probability(channel: NDArray[Any], card: ModelCard) -> NDArray[Any]:
 
 
 def labels_on_volume_grid(
-    outputs: NDArray[Any], card: ModelCard, volume: Volume
+    outputs: NDArray[Any],
+    card: ModelCard,
+    volume: Volume,
+    relabel: NDArray[np.uint8] | None = None,
 ) -> NDArray[np.uint8]:
-    """``segment_labels(resize_back(outputs, volume), card)``, mapping back only near edges.
+    """``relabel[segment_labels(resize_back(outputs, volume), card)]``, mapping back only near
+    edges.
 
     A voxel on the volume's grid is a weighted mean (weights >= 0, summing to 1) of a few model
     pixels, its taps. Where every tap falls in the same cell of the labelling (same most
     probable class, same side of every threshold) by more than ``_MARGIN``, so does the mean,
     and the voxel takes that cell's label; only the voxels near a label's edge are mapped back
-    and labelled in full. Outputs that are not float32 are mapped back whole.
+    and labelled in full. Outputs that are not float32 are mapped back whole. Slabs of slices
+    are labelled on several threads.
 
     Parameters
     ----------
@@ -101,11 +108,32 @@ def labels_on_volume_grid(
         The segmentation model's card.
     volume
         The source geometry.
+    relabel
+        256 values: what each label value becomes (default: itself).
     """
     back = MapBack.of(outputs, volume)
+    relabel = np.arange(256, dtype=np.uint8) if relabel is None else relabel
+    out = np.empty(volume.hu.shape, np.uint8)
+
+    def label(start: int) -> None:
+        part = slice(start, start + _SLAB)
+        out[part] = relabel[_labels(outputs[part], card, back)]
+
+    with ThreadPoolExecutor(cpu_threads(), thread_name_prefix="postprocess") as pool:
+        list(pool.map(label, range(0, len(out), _SLAB)))
+    return out
+
+
+# Slices labelled at once: a slab's 512x512 labels and codes stay within a few tens of MB.
+_SLAB = 16
+
+
+def _labels(outputs: NDArray[Any], card: ModelCard, back: MapBack) -> NDArray[np.uint8]:
+    """Labels on the volume's grid of a slab of slices (see :func:`labels_on_volume_grid`)."""
     if outputs.dtype != np.float32:
-        full = back.window(outputs, slice(0, back.size[0]), slice(0, back.size[1]))
-        return segment_labels(full, card)
+        return segment_labels(
+            back.window(outputs, slice(0, back.size[0]), slice(0, back.size[1])), card
+        )
     cells, values = _cells(outputs, card)
     sentinel = len(values)
     spread = back.spread(cells, sentinel)
