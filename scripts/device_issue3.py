@@ -85,7 +85,11 @@ class Model:
 
 
 def make_slices(dest: Path) -> None:
-    """Preprocessed slices of two phantoms (1.25 and 5 mm), as the daemon feeds each model."""
+    """Preprocessed slices of two phantoms (1.25 and 5 mm), as the daemon feeds each model.
+
+    float32, as the daemon's preprocessing gives them (float16 would put the inputs on FP16's
+    grid and hide the rounding of the input); slices feet to head, as a series is loaded.
+    """
     from imaging_ai.analyse import spec_from_card
     from imaging_ai.phantom import PhantomSpec, generate
     from imaging_ai.preprocess import add_context, context_stride, prepare_array
@@ -96,20 +100,20 @@ def make_slices(dest: Path) -> None:
     for seed, slices, thickness in ((431001, 200, 1.25), (431002, 56, 5.0)):
         spec = PhantomSpec(slices=slices, seed=seed, nodules=8, slice_thickness_mm=thickness)
         vol = generate(spec)
-        xy = (vol.spacing_mm[0], vol.spacing_mm[1])
-        lungs = np.flatnonzero(vol.lung_labels.any(axis=(1, 2)))
-        nodules = np.flatnonzero(vol.nodule_mask.any(axis=(1, 2)))
+        xy, hu = (vol.spacing_mm[0], vol.spacing_mm[1]), vol.hu[::-1]
+        lungs = np.flatnonzero(vol.lung_labels[::-1].any(axis=(1, 2)))
+        nodules = np.flatnonzero(vol.nodule_mask[::-1].any(axis=(1, 2)))
         both = np.unique(np.concatenate([lungs[:: max(1, len(lungs) // 8)], nodules]))
         pick = both[np.linspace(0, len(both) - 1, min(len(both), 12)).astype(int)]
         lung_spec = spec_from_card(lung)
-        parts["lung160"].append(prepare_array(vol.hu[pick], xy, lung_spec, np))
+        parts["lung160"].append(prepare_array(hu[pick], xy, lung_spec, np))
         big = replace(lung_spec, input_size=(512, 512))
-        parts["lung512"].append(prepare_array(vol.hu[pick[::3]], xy, big, np))
+        parts["lung512"].append(prepare_array(hu[pick[::3]], xy, big, np))
         nodule_spec = spec_from_card(nodule)
-        stack = prepare_array(vol.hu, xy, nodule_spec, np)
+        stack = prepare_array(hu, xy, nodule_spec, np)
         stride = context_stride(vol.spacing_mm[2], nodule_spec.context_spacing_mm)
         parts["nodule256"].append(add_context(stack, stride, nodule_spec.context_slices, np)[pick])
-    arrays = {k: np.concatenate(v).astype(np.float16) for k, v in parts.items()}
+    arrays = {k: np.concatenate(v).astype(np.float32) for k, v in parts.items()}
     dest.parent.mkdir(parents=True, exist_ok=True)
     np.savez_compressed(dest, **arrays)  # type: ignore[arg-type]
     shapes = ", ".join(f"{k} {v.shape}" for k, v in arrays.items())

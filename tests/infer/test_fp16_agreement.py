@@ -41,14 +41,15 @@ def phantom() -> PhantomVolume:
 
 
 def model_slices(vol: PhantomVolume, card: ModelCard, count: int) -> np.ndarray[Any, Any]:
-    """`count` preprocessed slices through the lungs and nodules, as the daemon feeds `card`."""
+    """`count` preprocessed slices through the lungs and nodules, as the daemon feeds `card`
+    (slices feet to head, as a series is loaded)."""
     spec = spec_from_card(card)
-    stack = prepare_array(vol.hu, (vol.spacing_mm[0], vol.spacing_mm[1]), spec, np)
+    stack = prepare_array(vol.hu[::-1], (vol.spacing_mm[0], vol.spacing_mm[1]), spec, np)
     if spec.context_slices:
         stride = context_stride(vol.spacing_mm[2], spec.context_spacing_mm)
         stack = add_context(stack, stride, spec.context_slices, np)
-    lungs = np.flatnonzero(vol.lung_labels.any(axis=(1, 2)))
-    nodules = np.flatnonzero(vol.nodule_mask.any(axis=(1, 2)))
+    lungs = np.flatnonzero(vol.lung_labels[::-1].any(axis=(1, 2)))
+    nodules = np.flatnonzero(vol.nodule_mask[::-1].any(axis=(1, 2)))
     pick = np.unique(np.concatenate([nodules, lungs]))
     pick = pick[np.linspace(0, len(pick) - 1, count).astype(int)]
     return np.ascontiguousarray(stack[pick], dtype=np.float32)
