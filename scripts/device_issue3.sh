@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Issue 3 on one H200 of an nvidia-h200-x2 (docs/benchmarks.md, "Engines on one H200"): the last
 # call of a device sequence, after the calls that carried onnxruntime-gpu's parts
-# (scripts/device_setup_ort.sh). Carry `.whl-parts/phantom` (issue3.npz, 7 MB, made here with
+# (scripts/device_setup_ort.sh). Carry `.whl-parts/phantom` (issue3.npz, 11 MB, made here with
 # `.venv/bin/python scripts/device_issue3.py --make-slices .whl-parts/phantom/issue3.npz`).
 # About 150 s; the log and device_issue3.json go to $OUT.
 source scripts/device_setup_ort.sh
