@@ -7,9 +7,9 @@
 # alembic 1.20.1, Mako 1.4.3, starlette 1.10.0, anyio 4.16.0, uvicorn 0.54.0, h11 0.16.0,
 # click 8.5.1, python-multipart 0.0.34, itsdangerous 2.2.0, hl7 0.4.5, hl7apy 1.3.5,
 # typing_extensions 4.16.0, Jinja2 3.1.6, MarkupSafe 3.0.4, prometheus_client 0.26.0, idna 3.20
-# (the versions of the project's .venv). Not carried: numpy, scipy, scikit-image, pillow, onnx
-# (the machine's own; a carried numpy would shadow the one its CuPy and PyTorch were built
-# with), onnxruntime (scripts/device_setup_ort.sh), psycopg (SQLite there), the test tools.
+# (the versions of the project's .venv). Not carried: numpy, pillow, packaging, onnx (the
+# machine's own; a carried numpy would shadow the one its CuPy and PyTorch were built with),
+# onnxruntime (scripts/device_setup_ort.sh), psycopg (SQLite there), the test tools.
 #
 # The part is read from the carried `.whl-parts/site2/` (the working tree, ~11.6 MB, and it fit
 # in one call's 64 MiB) or else from /tmp/parts, where an earlier call may have copied it.

@@ -38,8 +38,8 @@ os.environ["PYTHONPATH"] = os.pathsep.join(
 # What the daemon, the benchmark and this PACS import (module: distribution).
 NEEDED = {
     "numpy": "numpy",
-    "scipy": "scipy",
-    "skimage": "scikit-image",
+    "PIL": "pillow",
+    "packaging": "packaging",
     "onnxruntime": "onnxruntime-gpu",
     "pydicom": "pydicom",
     "pynetdicom": "pynetdicom",

@@ -78,22 +78,28 @@ def run(
             # The engines load and warm up after HTTP answers; their start-up is not a study's.
             wait_ready(hospital)
             results = _all(hospital, studies, args, started)
+            # Reported before the daemon stops, so a slow shutdown cannot cost the figures.
+            return report(results, bare, f"{backend}, PACS {pacs.__name__}", args)
+
+
+def report(results: list[StudyStages], bare: float, setup: str, args: argparse.Namespace) -> int:
+    """Print the table (and write the plot and JSON if asked); the headline last."""
     if not results:
-        print("headline: turnaround not measured: no study came back (see above)")
+        print("headline: turnaround not measured: no study came back (see above)", flush=True)
         return 1
-    _print(results, bare, f"{backend}, PACS {pacs.__name__}", args)
+    _print(results, bare, setup, args)
     if args.plot:
         from imaging_ai.bench.plots import turnaround_stages
 
-        title = f"turnaround of {args.slices}-slice studies by stage ({backend})"
+        title = f"turnaround of {args.slices}-slice studies by stage ({setup.split(',')[0]})"
         turnaround_stages(results, args.plot, title)
         print(f"plot: {args.plot}")
     line = headline(results, bare, args)
     if args.json:
-        figures = {"backend": backend, "bare_s": bare, "headline": line, "args": vars(args)}
+        figures = {"setup": setup, "bare_s": bare, "headline": line, "args": vars(args)}
         studies_json = [asdict(r) for r in results]
         args.json.write_text(json.dumps({**figures, "studies": studies_json}, default=str))
-    print(line)
+    print(line, flush=True)
     return 0
 
 
