@@ -79,6 +79,8 @@ def test_env_override_of_a_table_array() -> None:
             "http.tokens[0].role",
         ),
         ("[assemble]\nseries_idle_s = -1\n", {}, "assemble.series_idle_s"),
+        ("[assemble]\nrelease_grace_s = -0.5\n", {}, "assemble.release_grace_s"),
+        ("[assemble]\ncomplete_on_release = 'yes'\n", {}, "assemble.complete_on_release"),
         ("[storage]\ndatabase_url = 'mysql://x'\n", {}, "storage.database_url"),
         ("[priority]\nrules = [{priority = 'vip', tag = 'X', present = true}]\n", {}, "vip"),
         ("[dicom\n", {}, "not valid TOML"),
