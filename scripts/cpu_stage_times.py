@@ -31,7 +31,8 @@ class Clock:
     """An engine that notes when its first batch went in and how long it spent inferring."""
 
     def __init__(self, engine: Any) -> None:
-        self.engine, self.first_call, self.busy_s = engine, None, 0.0
+        self.engine, self.busy_s = engine, 0.0
+        self.first_call: float | None = None
         self.max_batch_size, self.info = engine.max_batch_size, engine.info
 
     def infer(self, batch: Any) -> Any:
