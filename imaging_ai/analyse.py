@@ -88,9 +88,9 @@ def model_outputs(model: LoadedModel, volume: Volume) -> NDArray[np.float32]:
     """Run a model over every slice; its outputs on the model's grid, (slices, C, h, w)."""
     inputs = prepare_slices(volume, spec_from_card(model.card))
     batch = model.engine.max_batch_size
-    return np.concatenate(
-        [model.engine.infer(inputs[i : i + batch]) for i in range(0, len(inputs), batch)]
-    )
+    parts = [model.engine.infer(inputs[i : i + batch]) for i in range(0, len(inputs), batch)]
+    # The daemon's engines take a whole study at once: no copy of its outputs (up to 90 MB).
+    return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
 
 def run_model(model: LoadedModel, volume: Volume) -> Iterator[tuple[slice, NDArray[Any]]]:
