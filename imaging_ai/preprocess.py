@@ -126,7 +126,8 @@ def prepare_slices(volume: Volume, spec: PreprocessSpec) -> NDArray[np.floating[
 def cpu_threads() -> int:
     """Threads for the CPU stages' array work: this process's cores, at most 8 (beyond that
     these memory-bound loops gain little, and other studies and workers share the host)."""
-    return max(1, min(8, len(os.sched_getaffinity(0))))
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return max(1, min(8, cores or 1))
 
 
 def context_stride(slice_spacing_mm: float, context_spacing_mm: float) -> int:
