@@ -76,9 +76,8 @@ def build_measurement_report(
         SeriesNumber of the SR series.
     """
     sources, _ = ordered_sources(analysis, source_datasets)
-    references = segment_references(segmentation)
     groups = [
-        _group(finding, references[numbers[0]], algorithm)
+        _group(finding, numbers[0], segmentation, algorithm)
         for finding in findings(analysis, uids)
         if (numbers := segmentation.get_segment_numbers(tracking_uid=finding.tracking_uid))
     ]
@@ -125,47 +124,8 @@ def _document(
     )
 
 
-def segment_references(segmentation: hd.seg.Segmentation) -> dict[int, hd.sr.ReferencedSegment]:
-    """Each segment's reference with its source images, as ``ReferencedSegment.from_segmentation``
-    makes it (the images its frames were derived from, each once, in frame order), from one walk
-    over the frames instead of one per segment."""
-    sources: dict[int, dict[str, hd.sr.SourceImageForSegmentation]] = {
-        int(n): {} for n in segmentation.segment_numbers
-    }
-    for frame in segmentation.PerFrameFunctionalGroupsSequence:
-        number = int(frame.SegmentIdentificationSequence[0].ReferencedSegmentNumber)
-        seen = sources.setdefault(number, {})
-        for derivation in frame.get("DerivationImageSequence", []):
-            for image in derivation.get("SourceImageSequence", []):
-                uid = image.ReferencedSOPInstanceUID
-                if uid not in seen:
-                    seen[uid] = _source_image(image)
-    return {
-        number: hd.sr.ReferencedSegment(
-            sop_class_uid=segmentation.SOPClassUID,
-            sop_instance_uid=segmentation.SOPInstanceUID,
-            segment_number=number,
-            source_images=list(images.values()),
-        )
-        if images
-        else hd.sr.ReferencedSegment.from_segmentation(segmentation, number)
-        for number, images in sources.items()
-    }
-
-
-def _source_image(image: Dataset) -> hd.sr.SourceImageForSegmentation:
-    frames = image.get("ReferencedFrameNumber")
-    if frames is not None and image["ReferencedFrameNumber"].VM == 1:
-        frames = [frames]
-    return hd.sr.SourceImageForSegmentation(
-        referenced_sop_class_uid=image.ReferencedSOPClassUID,
-        referenced_sop_instance_uid=image.ReferencedSOPInstanceUID,
-        referenced_frame_numbers=frames,
-    )
-
-
 def _group(
-    finding: Finding, segment: hd.sr.ReferencedSegment, algorithm: Algorithm
+    finding: Finding, segment_number: int, segmentation: hd.seg.Segmentation, algorithm: Algorithm
 ) -> hd.sr.VolumetricROIMeasurementsAndQualitativeEvaluations:
     """TID 1411 for one finding, referencing its segment and the segment's source images."""
     model = algorithm.lungs if finding.lesion is None else algorithm.nodules
@@ -173,7 +133,9 @@ def _group(
         tracking_identifier=hd.sr.TrackingIdentifier(
             uid=finding.tracking_uid, identifier=finding.label
         ),
-        referenced_segment=segment,
+        referenced_segment=hd.sr.ReferencedSegment.from_segmentation(
+            segmentation, segment_number=segment_number
+        ),
         finding_type=dicom_code(finding.type),
         finding_category=dicom_code(finding.category),
         algorithm_id=_algorithm_id(model),

@@ -13,7 +13,6 @@ import pytest
 
 from imaging_ai.errors import InvalidDataset, UnsupportedInput
 from imaging_ai.outputs.seg import build_segmentation
-from imaging_ai.outputs.sr import segment_references
 from imaging_ai.outputs.uids import output_uids
 from imaging_ai.postprocess import LEFT_LUNG, RIGHT_LUNG
 from imaging_ai.volume import load_series
@@ -214,8 +213,6 @@ def test_multiframe_source_frames_follow_the_instance(study: Study, tmp_path: Pa
         if f.SegmentIdentificationSequence[0].ReferencedSegmentNumber == 3
     }
     assert referenced == lesion_frames
-    for number, reference in segment_references(seg).items():  # frame numbers included
-        assert reference == hd.sr.ReferencedSegment.from_segmentation(seg, number)
     numbers = list(range(1, len(volume.frame_numbers) + 1))
     pixels = seg.get_pixels_by_source_frame(header.SOPInstanceUID, numbers, segment_numbers=[3])
     in_volume_order = pixels[np.asarray(volume.frame_numbers) - 1, ..., 0]

@@ -12,7 +12,7 @@ import pydicom
 import pytest
 
 from imaging_ai.outputs.seg import build_segmentation
-from imaging_ai.outputs.sr import build_measurement_report, device_uid, segment_references
+from imaging_ai.outputs.sr import build_measurement_report, device_uid
 from imaging_ai.postprocess import LEFT_LUNG
 from tests.outputs.conftest import ALGORITHM, CREATED, IMPRESSION, Built, Study, dciodvfy
 
@@ -153,10 +153,3 @@ def test_a_lung_without_a_segment_gets_no_group(study: Study, tmp_path: Path) ->
     sr.save_as(tmp_path / "sr.dcm")
     assert list(groups(tmp_path / "sr.dcm")) == ["Nodule 1", "Nodule 2", "Right lung"]
     assert dciodvfy(tmp_path / "sr.dcm")[0] == []
-
-
-def test_segment_references_are_highdicoms_from_one_walk_over_the_frames(built: Built) -> None:
-    references = segment_references(built.seg)
-    assert sorted(references) == list(built.seg.segment_numbers)
-    for number, reference in references.items():
-        assert reference == hd.sr.ReferencedSegment.from_segmentation(built.seg, number)
