@@ -193,7 +193,7 @@ def build_parser() -> argparse.ArgumentParser:
     from imaging_ai.bench.sustained import add_arguments as sustained_arguments
 
     sustained = bench_sub.add_parser(
-        "sustained", help="capacity, then deadline misses per class at 80% of it"
+        "sustained", help="capacity, then deadline misses per class at 80%% of it"
     )
     sustained_arguments(sustained)
     sustained.set_defaults(func=cmd_bench_sustained)
