@@ -79,8 +79,16 @@ class ReceiverPool:
             load: Synchronized[int] = self._ctx.Value("i", 0)
             proc: BaseProcess = self._ctx.Process(
                 target=_worker_main,
-                args=(self.config, self.stats, self._stop, ready[i], os.getpid(), theirs, load)
-                + (self.released,),
+                args=(
+                    self.config,
+                    self.stats,
+                    self._stop,
+                    ready[i],
+                    os.getpid(),
+                    theirs,
+                    load,
+                    self.released,
+                ),
                 name=f"imaging-ai-receiver-{i}",
                 daemon=True,
             )

@@ -72,7 +72,9 @@ def test_the_gpu_sampler_reads_nvidia_smi_and_tolerates_unreported_fields(
     tmp_path: Path, monkeypatch: Any
 ) -> None:
     fake = tmp_path / "nvidia-smi"
-    fake.write_text("#!/bin/sh\nprintf '0, 55, 1980, 300.5\\n1, 20, [N/A], [N/A]\\n'\nexec sleep 5\n")
+    fake.write_text(
+        "#!/bin/sh\nprintf '0, 55, 1980, 300.5\\n1, 20, [N/A], [N/A]\\n'\nexec sleep 5\n"
+    )
     fake.chmod(0o755)
     monkeypatch.setenv("PATH", f"{tmp_path}:/usr/bin:/bin")
     run = script()
