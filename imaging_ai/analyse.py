@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -87,10 +86,7 @@ def spec_from_card(card: ModelCard) -> PreprocessSpec:
 
 def model_outputs(model: LoadedModel, volume: Volume) -> NDArray[np.float32]:
     """Run a model over every slice; its outputs on the model's grid, (slices, C, h, w)."""
-    return _infer(model, prepare_slices(volume, spec_from_card(model.card)))
-
-
-def _infer(model: LoadedModel, inputs: NDArray[Any]) -> NDArray[np.float32]:
+    inputs = prepare_slices(volume, spec_from_card(model.card))
     batch = model.engine.max_batch_size
     parts = [model.engine.infer(inputs[i : i + batch]) for i in range(0, len(inputs), batch)]
     # The daemon's engines take a whole study at once: no copy of its outputs (up to 90 MB).
@@ -108,18 +104,14 @@ def run_model(model: LoadedModel, volume: Volume) -> Iterator[tuple[slice, NDArr
 
 def lung_labels(model: LoadedModel, volume: Volume) -> NDArray[np.uint8]:
     """Right/left lung map (RIGHT_LUNG, LEFT_LUNG) from a segmentation model, by SNOMED code."""
-    return _lungs_of(model_outputs(model, volume), model.card, volume)
-
-
-def _lungs_of(outputs: NDArray[Any], card: ModelCard, volume: Volume) -> NDArray[np.uint8]:
     by_code = {RIGHT_LUNG_CODE: RIGHT_LUNG, LEFT_LUNG_CODE: LEFT_LUNG}
     remap = np.zeros(256, np.uint8)
-    for label in card.labels:
+    for label in model.card.labels:
         if label.type.code in by_code:
             remap[label.value] = by_code[label.type.code]
     if not remap.any():
-        raise ModelError(f"model {card.name} has no right or left lung label")
-    return labels_on_volume_grid(outputs, card, volume, remap)
+        raise ModelError(f"model {model.card.name} has no right or left lung label")
+    return labels_on_volume_grid(model_outputs(model, volume), model.card, volume, remap)
 
 
 def detection_probabilities(model: LoadedModel, volume: Volume) -> NDArray[np.float32]:
@@ -133,30 +125,18 @@ def detection_probabilities(model: LoadedModel, volume: Volume) -> NDArray[np.fl
 
 
 def analyse(volume: Volume, lungs_model: LoadedModel, nodule_model: LoadedModel) -> Analysis:
-    """Segment the lungs, detect nodules, measure them, and time each step.
-
-    Each model's CPU work overlaps the other's inference (which in the daemon runs in worker
-    processes, on GPUs): the nodule model's input is prepared while the lung model runs, the
-    lung labels are made while the nodule model runs. A step's time runs from the end of the
-    one before, so the steps still add up to the whole and only what was waited for counts.
-    """
+    """Segment the lungs, detect nodules, measure them, and time each step."""
     timings: dict[str, float] = {}
-    with ThreadPoolExecutor(1, thread_name_prefix="analyse") as helper:
-        nodule_inputs = helper.submit(prepare_slices, volume, spec_from_card(nodule_model.card))
-        t = time.perf_counter()
-        lung_outputs = model_outputs(lungs_model, volume)
-        lung_map = helper.submit(_lungs_of, lung_outputs, lungs_model.card, volume)
-        timings[lungs_model.card.name] = time.perf_counter() - t
-        t = time.perf_counter()
-        outputs = _infer(nodule_model, nodule_inputs.result())
-        timings[nodule_model.card.name] = time.perf_counter() - t
-        t = time.perf_counter()
-        lungs = lung_map.result()
-    del lung_outputs, nodule_inputs
+    t = time.perf_counter()
+    lungs = lung_labels(lungs_model, volume)
+    timings[lungs_model.card.name] = time.perf_counter() - t
+    t = time.perf_counter()
+    outputs = model_outputs(nodule_model, volume)
+    timings[nodule_model.card.name] = time.perf_counter() - t
+    t = time.perf_counter()
     lesions = detect_lesions(outputs, nodule_model.card, volume, lungs)
     del outputs
-    volumes = organ_volumes_ml(lungs, volume)
-    labels = lungs  # the lung map is this analysis's own: the lesions go into it
+    labels = lungs.copy()
     for lesion in lesions:
         labels[tuple(lesion.voxel_index.T)] = LESION
     timings["postprocess"] = time.perf_counter() - t
@@ -164,7 +144,7 @@ def analyse(volume: Volume, lungs_model: LoadedModel, nodule_model: LoadedModel)
         volume=volume,
         labels=labels,
         lesions=tuple(lesions),
-        organ_volumes_ml=volumes,
+        organ_volumes_ml=organ_volumes_ml(lungs, volume),
         models={m.card.name: _model_id(m.card) for m in (lungs_model, nodule_model)},
         timings_s=timings,
     )
