@@ -288,6 +288,12 @@ def _worker_main(
         engines, cards = _load_engines(spec, device)
         # One warm-up slice per model also tells the parent how large outputs are.
         shapes = {n: e.infer(sample_batch(cards[n], 1)).shape[1:] for n, e in engines.items()}
+        # ONNX Runtime's CPU arena grows (by powers of two) to the largest batch it has run
+        # and keeps it: a full batch now makes that growth happen at start, so memory does
+        # not step up later with the busiest moment (tests/test_memory_flat.py).
+        for n, e in engines.items():
+            if e.info.backend == "onnxruntime-cpu":
+                e.infer(sample_batch(cards[n], e.max_batch_size))
         copies = spec.concurrency if gpu is not None else 1
         sets = [engines, *(_load_engines(spec, device)[0] for _ in range(copies - 1))]
     except Exception as exc:  # reported to the parent, which refuses to start or retries
