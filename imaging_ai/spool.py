@@ -24,6 +24,8 @@ log = logging.getLogger(__name__)
 
 _UID_RE = re.compile(r"^[0-9]+(\.[0-9]+)*$")
 _FREE_CHECK_INTERVAL_S = 0.5
+# Empty temporary files created ahead (Spool.keep_spares) are named so.
+SPARE_PREFIX = "spare-"
 _SYNC_FILE_RANGE_WRITE = 2  # linux/fs.h: start writeback of dirty pages, do not wait
 
 
@@ -185,7 +187,7 @@ class Spool:
                         return
                     self._spare_cond.wait()
             try:
-                spare = self._create_temporary()
+                spare = self._create_temporary(SPARE_PREFIX)
             except StorageError:
                 # The disk is full or failing: open_temporary reports it to the sender.
                 time.sleep(1.0)
@@ -197,8 +199,8 @@ class Spool:
                 else:
                     self._spares.append(spare)
 
-    def _create_temporary(self) -> tuple[Path, io.FileIO]:
-        path = self.tmp_dir / f"{uuid.uuid4().hex}.part"
+    def _create_temporary(self, prefix: str = "") -> tuple[Path, io.FileIO]:
+        path = self.tmp_dir / f"{prefix}{uuid.uuid4().hex}.part"
         try:
             # Unbuffered: each fragment goes to the kernel at once (see start_writeback).
             return path, io.FileIO(path, "xb")
