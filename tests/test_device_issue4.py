@@ -3,33 +3,18 @@
 from __future__ import annotations
 
 import runpy
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
 from imaging_ai.workers import BatchTrace
+from tests.infer.test_infer_imports import help_without_dicom_or_database
 
 SCRIPT = Path(__file__).parents[1] / "scripts" / "device_issue4.py"
-ABSENT_ON_GPU_MACHINE = ("pydicom", "pynetdicom", "highdicom", "SimpleITK", "sqlalchemy")
 
 
 def test_the_script_imports_without_dicom_or_database_packages() -> None:
-    code = "\n".join(
-        [
-            "import runpy, sys",
-            f"for name in {ABSENT_ON_GPU_MACHINE!r}: sys.modules[name] = None",
-            f"sys.argv = [{str(SCRIPT)!r}, '--help']",
-            "try:",
-            f"    runpy.run_path({str(SCRIPT)!r}, run_name='__main__')",
-            "except SystemExit as exc:",
-            "    sys.exit(exc.code)",
-        ]
-    )
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
-    assert result.returncode == 0, result.stderr
-    assert "--budget-s" in result.stdout
+    assert "--budget-s" in help_without_dicom_or_database(SCRIPT)
 
 
 def script() -> dict[str, Any]:
