@@ -16,7 +16,7 @@ from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 from pydicom import Dataset, dcmread
 from pydicom.filereader import read_dataset
@@ -55,7 +55,6 @@ from imaging_ai.errors import InvalidDataset, SOPClassMismatch, StartupError, St
 from imaging_ai.spool import Spool, check_uid, start_writeback, storage_error, write_all
 
 log = logging.getLogger(__name__)
-_T = TypeVar("_T")
 
 STORAGE_SOP_CLASSES = (CTImageStorage, EnhancedCTImageStorage)
 UNCOMPRESSED_SYNTAXES = (
