@@ -20,6 +20,7 @@ from pydicom.uid import (
 )
 
 from imaging_ai.errors import GeometryError, ImagingAIError, InvalidDataset, UnsupportedInput
+from imaging_ai.slice_read import PlainSlice, read_plain, series_uid
 
 CT_IMAGE_STORAGE = "1.2.840.10008.5.1.4.1.1.2"
 ENHANCED_CT_IMAGE_STORAGE = "1.2.840.10008.5.1.4.1.1.2.1"
@@ -95,6 +96,10 @@ class Volume:
         return ijk
 
 
+Attributes = Dataset | PlainSlice
+"""Where a frame's attributes are read from: pydicom's data set, or the fast reader's values."""
+
+
 @dataclass(frozen=True, slots=True)
 class _Frame:
     """One 2-D image: a single-frame instance or one frame of a multi-frame instance."""
@@ -163,8 +168,11 @@ def group_series(paths: Iterable[Path]) -> dict[str, list[Path]]:
     """
     groups: dict[str, list[Path]] = {}
     for path in paths:
-        ds = _dcmread(path, ["SeriesInstanceUID"])
-        groups.setdefault(_text(ds, "SeriesInstanceUID", path.name), []).append(path)
+        # The fast reader's None means an unusual file: pydicom reads it (and says what is wrong).
+        uid = series_uid(path) or _text(
+            _dcmread(path, ["SeriesInstanceUID"]), "SeriesInstanceUID", path.name
+        )
+        groups.setdefault(uid, []).append(path)
     return groups
 
 
@@ -236,6 +244,13 @@ _UNREADABLE_VALUE = (ValueError, TypeError, OverflowError, NotImplementedError, 
 
 
 def _read_frames(path: Path) -> list[_Frame]:
+    plain = read_plain(path)
+    if plain is not None:
+        where = f"instance {plain.get('SOPInstanceUID')} ({path.name})"
+        try:
+            return [_frame(plain, plain.pixels, where, lambda _: plain)]
+        except (ImagingAIError, *_UNREADABLE_VALUE):
+            pass  # pydicom's reading below refuses it with the usual message
     ds = _dcmread(path)
     where = f"instance {ds.get('SOPInstanceUID', '?')} ({path.name})"
     try:
@@ -282,10 +297,10 @@ def _groups(item: Dataset, shared: Dataset) -> Callable[[str], Dataset]:
 
 
 def _frame(
-    ds: Dataset,
+    ds: Attributes,
     pixels: NDArray[Any],
     where: str,
-    source: Callable[[str], Dataset],
+    source: Callable[[str], Attributes],
     number: int = 1,
 ) -> _Frame:
     """Collect one image's geometry; `source` says which dataset holds an attribute."""
@@ -353,18 +368,18 @@ def _mask_unused_bits(raw: NDArray[Any], stored: int, bits: int, signed: bool) -
     return (raw << shift) >> shift  # arithmetic shift right sign-extends from bit `stored`
 
 
-def _value(ds: Dataset, keyword: str, where: str) -> Any:
+def _value(ds: Attributes, keyword: str, where: str) -> Any:
     value = ds.get(keyword)
     if value is None or value == "":
         raise InvalidDataset(f"{where} lacks the required attribute {keyword}")
     return value
 
 
-def _text(ds: Dataset, keyword: str, where: str) -> str:
+def _text(ds: Attributes, keyword: str, where: str) -> str:
     return str(_value(ds, keyword, where))
 
 
-def _floats(ds: Dataset, keyword: str, count: int, where: str) -> tuple[float, ...]:
+def _floats(ds: Attributes, keyword: str, count: int, where: str) -> tuple[float, ...]:
     value = _value(ds, keyword, where)
     values = value if isinstance(value, Sequence) and not isinstance(value, str) else [value]
     try:
@@ -414,10 +429,12 @@ def _hounsfield(ordered: list[_Frame], workers: int) -> NDArray[np.float32]:
 
     def fill(k: int) -> None:
         frame, out = ordered[k], hu[k]
-        out[...] = frame.pixels
+        # One pass where the slope is 1: the same float32 sums as casting first, then adding.
         if frame.slope != 1.0:
-            out *= np.float32(frame.slope)
-        out += np.float32(frame.intercept)
+            np.multiply(frame.pixels, np.float32(frame.slope), out=out)
+            out += np.float32(frame.intercept)
+        else:
+            np.add(frame.pixels, np.float32(frame.intercept), out=out)
 
     with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
         list(pool.map(fill, range(len(ordered))))

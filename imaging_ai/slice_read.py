@@ -1,0 +1,218 @@
+"""Takes a CT file's bytes and gives what a volume needs of it (UIDs, geometry, rescale, stored
+pixels) without pydicom, or None where the file is anything but the plain case.
+
+pydicom's full parse of a 300-slice series was most of the 0.9 s "load" stage on the GPU host
+(issue 7). The plain case is a single-frame CT Image Storage instance in implicit or explicit
+VR little endian whose elements before Pixel Data all have a defined length, with single-valued
+numbers and ASCII text where they are expected: walking those elements with ``struct`` and
+viewing Pixel Data in place costs a few microseconds. Anything else (multi-frame, compressed,
+localizers, undefined-length sequences, a missing or odd value) answers None and the caller
+reads the file with pydicom, which also gives the error messages; ``tests/test_slice_read.py``
+checks both paths give identical frames.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+_EXPLICIT, _IMPLICIT = "1.2.840.10008.1.2.1", "1.2.840.10008.1.2"
+CT_IMAGE_STORAGE = "1.2.840.10008.5.1.4.1.1.2"
+_PIXEL_DATA = 0x7FE00010
+_UNDEFINED = 0xFFFFFFFF
+_TRANSFER_SYNTAX = 0x00020010
+# Explicit VR little endian: these VRs have two reserved bytes and a 4-byte length.
+_LONG_VRS = frozenset(
+    {b"OB", b"OD", b"OF", b"OL", b"OV", b"OW", b"SQ", b"SV", b"UC", b"UN", b"UR", b"UT", b"UV"}
+)
+_SHORT = struct.Struct("<HH2sH")
+_IMPLICIT_HEAD = struct.Struct("<HHL")
+_LONG = struct.Struct("<L")
+# The elements a volume needs, by tag; their values are kept as raw bytes while walking.
+_TEXT = {
+    0x00080008: "ImageType",
+    0x00080016: "SOPClassUID",
+    0x00080018: "SOPInstanceUID",
+    0x00080060: "Modality",
+    0x00181120: "GantryDetectorTilt",
+    0x0020000D: "StudyInstanceUID",
+    0x0020000E: "SeriesInstanceUID",
+    0x00200032: "ImagePositionPatient",
+    0x00200037: "ImageOrientationPatient",
+    0x00200052: "FrameOfReferenceUID",
+    0x00280004: "PhotometricInterpretation",
+    0x00280008: "NumberOfFrames",
+    0x00280030: "PixelSpacing",
+    0x00281052: "RescaleIntercept",
+    0x00281053: "RescaleSlope",
+}
+_US = {
+    0x00280002: "SamplesPerPixel",
+    0x00280010: "Rows",
+    0x00280011: "Columns",
+    0x00280100: "BitsAllocated",
+    0x00280101: "BitsStored",
+    0x00280103: "PixelRepresentation",
+}
+
+
+@dataclass(frozen=True)
+class PlainSlice:
+    """One plain CT image: the attributes a volume needs, and its stored pixels (rows, cols)."""
+
+    values: dict[str, Any]
+    pixels: NDArray[Any]
+
+    def get(self, keyword: str, default: Any = None) -> Any:
+        """The value of ``keyword`` as pydicom would give it (str, int, or a list of them)."""
+        return self.values.get(keyword, default)
+
+
+def series_uid(path: Path) -> str | None:
+    """The file's SeriesInstanceUID from its first bytes, or None where pydicom must read it."""
+    with path.open("rb") as f:
+        head = f.read(16384)
+    raw = _walk(head, stop_at=0x0020000E)
+    text = None if raw is None else _ascii(raw.get(0x0020000E, b""))
+    return text or None
+
+
+def read_plain(path: Path) -> PlainSlice | None:
+    """The file as a PlainSlice, or None where it is not the plain case (see the module)."""
+    data = path.read_bytes()
+    raw = _walk(data, stop_at=_PIXEL_DATA)
+    if raw is None or _PIXEL_DATA not in raw:
+        return None
+    values = _values(raw)
+    if values is None or not _plain(values):
+        return None
+    pixels = _pixels(raw[_PIXEL_DATA], values)
+    return None if pixels is None else PlainSlice(values, pixels)
+
+
+Raw = dict[int, bytes | memoryview]
+
+
+def _walk(data: bytes, stop_at: int) -> Raw | None:
+    """Raw values of the wanted elements up to `stop_at` (kept), or None for the unusual.
+
+    Pixel Data is kept as a memoryview: the pixels are then viewed, not copied.
+    """
+    start = _dataset_start(data)
+    if start is None:
+        return None
+    offset, syntax = start
+    raw: Raw = {}
+    view = memoryview(data)
+    for tag, at, length in _elements(data, offset, syntax == _EXPLICIT):
+        if length == _UNDEFINED or at + length > len(data):
+            return None  # a sequence to walk item by item, encapsulated pixels, or truncated
+        if tag in _TEXT or tag in _US:
+            raw[tag] = data[at : at + length]
+        if tag >= stop_at:
+            if tag == stop_at:
+                raw[tag] = view[at : at + length]
+            return raw
+    return raw if stop_at != _PIXEL_DATA else None
+
+
+def _dataset_start(data: bytes) -> tuple[int, str] | None:
+    """Where the data set starts after the file meta group, and its transfer syntax."""
+    if data[128:132] != b"DICM":
+        return None
+    syntax = ""
+    offset = 132
+    for tag, at, length in _elements(data, 132, explicit=True):
+        if tag >> 16 != 0x0002:
+            break
+        if length == _UNDEFINED:
+            return None
+        if tag == _TRANSFER_SYNTAX:
+            syntax = _ascii(data[at : at + length]) or ""
+        offset = at + length
+    return (offset, syntax) if syntax in (_EXPLICIT, _IMPLICIT) else None
+
+
+def _elements(data: bytes, offset: int, explicit: bool) -> Iterator[tuple[int, int, int]]:
+    """(tag, value offset, value length) of each top-level element from `offset`."""
+    end = len(data)
+    while offset + 8 <= end:
+        if explicit:
+            group, element, vr, length = _SHORT.unpack_from(data, offset)
+            offset += 8
+            if vr in _LONG_VRS:
+                if offset + 4 > end:
+                    return
+                (length,) = _LONG.unpack_from(data, offset)
+                offset += 4
+        else:
+            group, element, length = _IMPLICIT_HEAD.unpack_from(data, offset)
+            offset += 8
+        yield group << 16 | element, offset, length
+        if length == _UNDEFINED:
+            return
+        offset += length
+
+
+def _ascii(value: bytes | memoryview) -> str | None:
+    """Text as pydicom gives it (padding stripped); None if not ASCII."""
+    try:
+        return bytes(value).decode("ascii").strip(" \0")
+    except UnicodeDecodeError:
+        return None
+
+
+def _values(raw: Raw) -> dict[str, Any] | None:
+    """Decoded values by keyword; None if any is not ASCII or a US is not two bytes."""
+    values: dict[str, Any] = {}
+    for tag, keyword in _TEXT.items():
+        if tag in raw:
+            text = _ascii(raw[tag])
+            if text is None:
+                return None
+            if text:
+                values[keyword] = text.split("\\") if "\\" in text else text
+    for tag, keyword in _US.items():
+        if tag in raw:
+            if len(raw[tag]) != 2:
+                return None
+            values[keyword] = struct.unpack("<H", raw[tag])[0]
+    return values
+
+
+def _plain(values: dict[str, Any]) -> bool:
+    """Single-frame MONOCHROME2 CT, not a localizer, with every attribute a volume needs."""
+    image_type = values.get("ImageType", [])
+    image_type = image_type if isinstance(image_type, list) else [image_type]
+    required = ("SOPInstanceUID", "StudyInstanceUID", "SeriesInstanceUID", "FrameOfReferenceUID")
+    return (
+        values.get("Modality") == "CT"
+        and values.get("SOPClassUID") == CT_IMAGE_STORAGE
+        and "LOCALIZER" not in [str(v).upper() for v in image_type]
+        and values.get("SamplesPerPixel", 1) == 1
+        and values.get("PhotometricInterpretation", "MONOCHROME2") == "MONOCHROME2"
+        and values.get("NumberOfFrames", "1") == "1"
+        and values.get("BitsAllocated") in (8, 16, 32)
+        and all(k in values for k in (*required, "Rows", "Columns", "BitsStored"))
+        and "PixelRepresentation" in values
+    )
+
+
+def _pixels(data: bytes | memoryview, values: dict[str, Any]) -> NDArray[Any] | None:
+    """Stored values (rows, cols) viewed in place, unused high bits cleared; None if short."""
+    rows, cols, bits = values["Rows"], values["Columns"], values["BitsAllocated"]
+    signed = values["PixelRepresentation"] == 1
+    dtype = np.dtype(f"<{'i' if signed else 'u'}{bits // 8}")
+    if len(data) < rows * cols * dtype.itemsize or rows * cols == 0:
+        return None  # pydicom's path says what is wrong
+    raw = np.frombuffer(data, dtype=dtype, count=rows * cols)
+    stored = values["BitsStored"]
+    if stored < bits:  # the bits above BitsStored may hold overlays; the standard ignores them
+        raw = raw & ((1 << stored) - 1) if not signed else (raw << bits - stored) >> bits - stored
+    return raw.reshape(rows, cols)
