@@ -6,7 +6,9 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pydicom
+import pytest
 from sqlalchemy import Engine, select
+from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 
 from imaging_ai.catalog import Catalog, InstanceMeta, meta_from_dataset
@@ -110,3 +112,34 @@ def test_meta_reads_routing_from_request_attributes() -> None:
         ds, "1.2.840.10008.1.2", "CT1", ("RequestedProcedurePriority", "AdmissionID")
     )
     assert m.routing == {"RequestedProcedurePriority": "STAT"}
+
+
+def test_row_written_on_the_dbapi_connection_reads_back_typed(
+    engine: Engine, tmp_path: Path
+) -> None:
+    # The hot path writes plain SQL; every column must read back as the ORM writes it.
+    catalog = make_catalog(engine, tmp_path)
+    catalog.record(meta("1.4.1"), "1.2/1.3/1.4.1.dcm", 526306, T0, new_sender=True)
+    with Session(engine) as s:
+        instance = s.scalars(select(Instance)).one()
+        assert instance.series.series_instance_uid == "1.3"
+        assert instance.sop_class_uid == "1.2.840.10008.5.1.4.1.1.2"
+        assert instance.transfer_syntax_uid == "1.2.840.10008.1.2.1"
+        assert (instance.path, instance.size_bytes) == ("1.2/1.3/1.4.1.dcm", 526306)
+        assert instance.received_at == T0 and instance.received_at.tzinfo is not None
+        assert (instance.late, instance.missing) == (False, False)
+        study = s.scalars(select(Study)).one()
+        assert (study.senders, study.released_at) == (1, None)
+
+
+def test_database_error_on_the_row_is_sqlalchemys(engine: Engine, tmp_path: Path) -> None:
+    # The C-STORE handler answers 0xA700 for SQLAlchemy errors only.
+    catalog = make_catalog(engine, tmp_path)
+    catalog.record(meta("1.4.1"), "a", 10, T0)
+    catalog._sql.touch_series = "UPDATE no_such_table SET x = 1"
+    with pytest.raises(SQLAlchemyError):
+        catalog.record(meta("1.4.2"), "b", 10, T0)
+    catalog._sql = type(catalog._sql)(engine.dialect)
+    assert catalog.record(meta("1.4.2"), "b", 10, T0) is False
+    with Session(engine) as s:
+        assert len(s.scalars(select(Instance)).all()) == 2
