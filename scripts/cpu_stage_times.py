@@ -13,6 +13,15 @@ files: a few milliseconds).
     .venv/bin/imaging-ai phantom /tmp/d/ph --slices 300 --seed 7 --nodules 5
     .venv/bin/python scripts/cpu_stage_times.py /tmp/d/ph --repeats 3 --record /tmp/d/outputs
     .venv/bin/python scripts/cpu_stage_times.py /tmp/d/ph --repeats 5 --replay /tmp/d/outputs
+
+``--fake-per-slice S`` runs the models as the daemon does, through its batchers and one "GPU"
+worker process (two batches at once, the shared-memory arenas), with the test-only
+fixed-latency engine standing in for the GPU: each batch sleeps ``--fake-batch S`` plus S per
+slice (0.0001 is about an H200's: docs/benchmarks.md). Its outputs are not a model's, so
+postprocessing times mean nothing there and SEG/SR are not written; load, preprocess and the
+inference stages (copies, batching, round trips) are what it measures.
+
+    .venv/bin/python scripts/cpu_stage_times.py /tmp/d/ph --repeats 5 --fake-per-slice 0.0001
 """
 
 from __future__ import annotations
@@ -28,8 +37,10 @@ from typing import Any
 
 import numpy as np
 
-from imaging_ai.analyse import LoadedModel, analyse_study, load_models
-from imaging_ai.config import load_config
+from imaging_ai.analyse import LoadedModel, Models, analyse_study, load_models
+from imaging_ai.batch import BatchingEngine
+from imaging_ai.config import Config, load_config
+from imaging_ai.engine_set import EngineSet
 from imaging_ai.outputs.files import write_results
 from imaging_ai.process import split_steps
 
@@ -85,7 +96,51 @@ def taped(models: Any, folder: Path, replay: bool) -> Any:
     )
 
 
-def once(files: list[Path], models: Any, data_dir: Path) -> dict[str, float]:
+def batching_models(
+    config: Config, fake: tuple[float, float] | None, data_dir: Path
+) -> tuple[Models, EngineSet]:
+    """The models behind the daemon's batchers and worker pool, as the processor gets them.
+
+    With ``fake`` (s per batch, s per slice) the workers run the fixed-latency engine, and
+    ``gpus = 1`` gives that worker a GPU worker's shape (two batches at once, a deeper queue);
+    the fake engine runs on the CPU whatever the worker is told.
+    """
+    engines = config.engines
+    if fake is not None:
+        size = engines.max_batch_size
+        backend = f"fake:latency={fake[0]},per_slice={fake[1]},max_batch={size}"
+        engines = replace(engines, backend=backend, gpus=1)
+    engine_set = EngineSet(engines, data_dir)
+    engine_set.start()
+    deadline = time.time() + 3600
+
+    def loaded(card: Any) -> LoadedModel:
+        return LoadedModel(card, BatchingEngine(engine_set.batchers[card.name], 1, deadline))
+
+    return Models(loaded(engine_set.lungs), loaded(engine_set.nodules), engines.backend), engine_set
+
+
+def trace_summary(engine_set: EngineSet) -> str:
+    """Per model, the batches of the run just done: sizes, round trips, the worker's own time."""
+    lines = []
+    traces = engine_set.pool.take_traces()
+    for model in sorted({t.model for t in traces}):
+        mine = [t for t in traces if t.model == model]
+        span = (max(t.returned for t in mine) - min(t.sent for t in mine)) / 1e6
+        trip = statistics.median((t.returned - t.sent) / 1e6 for t in mine)
+        run = statistics.median((t.ended - t.started) / 1e6 for t in mine)
+        stages = [t.stages for t in mine if t.stages]
+        engine = sum(s[1] for s in stages) / 1e6 if stages else float("nan")
+        sizes = sorted(t.size for t in mine)
+        lines.append(
+            f"  {model}: {len(mine)} batches {sizes}, first sent to last back {span:.1f} ms, "
+            f"round trip {trip:.2f} ms, in worker {run:.2f} ms (medians), engine run "
+            f"{engine:.1f} ms in all"
+        )
+    return "\n".join(lines)
+
+
+def once(files: list[Path], models: Any, data_dir: Path, outputs: bool) -> dict[str, float]:
     for model in (models.lungs, models.nodules):
         if isinstance(model.engine, Tape):
             model.engine.calls = 0
@@ -100,34 +155,62 @@ def once(files: list[Path], models: Any, data_dir: Path) -> dict[str, float]:
     analysis = analyse_study(files, clocked)
     clocks = {models.lungs.card.name: lungs, models.nodules.card.name: nodules}
     steps = split_steps(analysis.timings_s, started, clocks)  # type: ignore[arg-type]
-    t = time.perf_counter()
-    write_results(analysis, files, 1, datetime.now(UTC), "impression", config)
-    steps["outputs"] = time.perf_counter() - t
+    if outputs:
+        t = time.perf_counter()
+        write_results(analysis, files, 1, datetime.now(UTC), "impression", config)
+        steps["outputs"] = time.perf_counter() - t
     steps["total"] = time.perf_counter() - started
     steps["cpu (process)"] = time.process_time() - cpu
     return steps
 
 
-def main() -> None:
+def arguments() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("study", type=Path, help="a phantom study folder (dicom/*.dcm)")
     parser.add_argument("--repeats", type=int, default=3)
     tape = parser.add_mutually_exclusive_group()
     tape.add_argument("--record", type=Path, help="save the models' outputs here")
     tape.add_argument("--replay", type=Path, help="replay the models' outputs saved here")
-    args = parser.parse_args()
+    tape.add_argument(
+        "--fake-per-slice", type=float, help="through the batchers, fake engine: s per slice"
+    )
+    tape.add_argument(
+        "--daemon", action="store_true", help="through the batchers and workers, real engines"
+    )
+    parser.add_argument("--fake-batch", type=float, default=0.0, help="fake engine: s per batch")
+    parser.add_argument("--no-outputs", action="store_true", help="leave SEG/SR writing out")
+    return parser.parse_args()
+
+
+def main() -> None:
+    args = arguments()
     files = sorted((args.study / "dicom").glob("*.dcm"))
+    fake = None if args.fake_per_slice is None else (args.fake_batch, args.fake_per_slice)
+    outputs = not (args.no_outputs or fake)
     with tempfile.TemporaryDirectory() as tmp:
-        models = load_models(load_config(None).engines, Path(tmp))
+        engine_set = None
+        if fake or args.daemon:
+            models, engine_set = batching_models(load_config(None), fake, Path(tmp))
+        else:
+            models = load_models(load_config(None).engines, Path(tmp))
         if args.record or args.replay:
             models = taped(models, args.record or args.replay, replay=bool(args.replay))
-        runs = [once(files, models, Path(tmp)) for _ in range(args.repeats + 1)][1:]
-    print(f"{len(files)} slices, backend {models.backend}, median of {len(runs)} runs")
-    for key in runs[0]:
-        values = [run[key] for run in runs]
+        try:
+            runs = []
+            for _ in range(args.repeats + 1):
+                runs.append(once(files, models, Path(tmp), outputs))
+                traces = trace_summary(engine_set) if engine_set else ""
+        finally:
+            if engine_set is not None:
+                engine_set.stop()
+    print(f"{len(files)} slices, backend {models.backend}, median of {len(runs) - 1} runs")
+    for key in runs[1]:
+        values = [run[key] for run in runs[1:]]
         print(
             f"{key:>16} {statistics.median(values):7.3f} s  ({min(values):.3f}-{max(values):.3f})"
         )
+    if traces:
+        print(f"batches of the last run:\n{traces}")
 
 
 if __name__ == "__main__":
