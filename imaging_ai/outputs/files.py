@@ -20,7 +20,7 @@ from imaging_ai.outbox import Payload, ris_key
 from imaging_ai.outputs.common import Algorithm, build_report, read_headers
 from imaging_ai.outputs.fhir import diagnostic_report_bundle
 from imaging_ai.outputs.hl7 import build_oru
-from imaging_ai.outputs.seg import build_segmentation
+from imaging_ai.outputs.seg import encode_segmentation
 from imaging_ai.outputs.sr import build_measurement_report
 from imaging_ai.outputs.uids import output_uids
 
@@ -53,12 +53,12 @@ def write_results(
         device_serial_number=config.storage.node,
         institution_name=config.outputs.institution,
     )
-    seg = build_segmentation(analysis, headers, algorithm, uids, created=created)
+    seg = encode_segmentation(analysis, headers, algorithm, uids, created=created)
     sr = build_measurement_report(
         analysis, headers, seg, algorithm, uids, impression=impression, created=created
     )
     payloads = [
-        Payload("seg", _save_dicom(seg, folder / "seg.dcm"), uids.seg_instance),
+        Payload("seg", _save_dicom(seg.dataset, folder / "seg.dcm"), uids.seg_instance),
         Payload("sr", _save_dicom(sr, folder / "sr.dcm"), uids.sr_instance),
     ]
     report = build_report(analysis, headers, algorithm, uids, impression, created)

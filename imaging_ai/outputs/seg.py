@@ -16,15 +16,18 @@ reference align them. A viewer that assumed frame i lies on source image i would
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, cast
 
 import highdicom as hd
 import numpy as np
 from numpy.typing import NDArray
+from pydicom.dataelem import DataElement
 from pydicom.dataset import Dataset
 
 from imaging_ai.errors import UnsupportedInput
+from imaging_ai.outputs import segframes
 from imaging_ai.outputs.common import (
     ARTIFICIAL_INTELLIGENCE,
     LUNG,
@@ -39,7 +42,7 @@ from imaging_ai.outputs.common import (
     with_type2,
 )
 from imaging_ai.outputs.uids import OutputUids
-from imaging_ai.postprocess import LEFT_LUNG, RIGHT_LUNG
+from imaging_ai.postprocess import LEFT_LUNG, RIGHT_LUNG, Lesion
 
 if TYPE_CHECKING:  # importing it loads the inference engines
     from imaging_ai.analyse import Analysis
@@ -48,7 +51,27 @@ SEG_SERIES_NUMBER = 9101
 SEG_LABEL = "AI_LUNG_NODULES"  # ContentLabel is CS: upper case, at most 16 characters
 SEG_DESCRIPTION = "AI-generated lung and nodule segmentation, preliminary"
 _COLOURS = {"right-lung": "royalblue", "left-lung": "seagreen"}
+_ORGAN_LABELS = {"right-lung": RIGHT_LUNG, "left-lung": LEFT_LUNG}
 _LESION_COLOUR = "orangered"
+
+
+@dataclass(frozen=True)
+class SegmentRef:
+    """One segment of a SEG as its SR group references it: number, tracking UID, and the
+    source images it has frames on (in frame order)."""
+
+    number: int
+    tracking_uid: str
+    sources: tuple[Dataset, ...]
+
+
+@dataclass(frozen=True)
+class EncodedSegmentation:
+    """A SEG ready to write (its frames already encoded) and what the SR needs of it."""
+
+    dataset: Dataset
+    # None where highdicom encoded the frames: the SR then reads them from the dataset.
+    segments: tuple[SegmentRef, ...] | None
 
 
 def build_segmentation(
@@ -61,7 +84,7 @@ def build_segmentation(
     omit_empty_frames: bool = True,
     series_number: int = SEG_SERIES_NUMBER,
 ) -> hd.seg.Segmentation:
-    """Build the SEG of one analysed series.
+    """Build the SEG of one analysed series, as a highdicom Segmentation.
 
     Parameters
     ----------
@@ -88,16 +111,91 @@ def build_segmentation(
     InvalidDataset
         A source image of the volume is missing from ``source_datasets``.
     """
+    if omit_empty_frames:
+        encoded = encode_segmentation(
+            analysis, source_datasets, algorithm, uids, created=created, series_number=series_number
+        )
+        # Reading the encoded frames back builds highdicom's frame index for its queries.
+        return hd.seg.Segmentation.from_dataset(encoded.dataset, copy=False)
     sources, plane_order = ordered_sources(analysis, source_datasets)
     labels, descriptions = _segments(analysis, algorithm, uids)
+    pixels = labels if plane_order is None else labels[plane_order]
+    return reference_segmentation(
+        sources, pixels, descriptions, algorithm, uids, created, series_number, False
+    )
+
+
+def encode_segmentation(
+    analysis: Analysis,
+    source_datasets: Sequence[Dataset],
+    algorithm: Algorithm,
+    uids: OutputUids,
+    *,
+    created: datetime | None = None,
+    series_number: int = SEG_SERIES_NUMBER,
+) -> EncodedSegmentation:
+    """The SEG of :func:`build_segmentation` (empty frames omitted), with its frames encoded
+    by :mod:`~imaging_ai.outputs.segframes` rather than by highdicom frame by frame.
+
+    highdicom still builds everything but the frames, from a stand-in label map with one
+    pixel of each segment; the frames then replace the stand-in's. A multi-frame source, or
+    frames that do not fill whole bytes, take highdicom's own path.
+    """
+    sources, plane_order = ordered_sources(analysis, source_datasets)
+    by_key = {f.key: f for f in findings(analysis, uids)}
+    kept = _kept(analysis)
+    descriptions = [
+        _description(number, by_key[key], _model(by_key[key], algorithm))
+        for number, key in enumerate(kept, start=1)
+    ]
     if not descriptions:
         raise UnsupportedInput(
             "the models found neither lung nor lesion: there is nothing to segment"
         )
+    rows, columns = analysis.labels.shape[1:]
+    if plane_order is not None or not segframes.check_frame_size(rows, columns):
+        labels, _ = _segments(analysis, algorithm, uids)
+        pixels = labels if plane_order is None else labels[plane_order]
+        seg = reference_segmentation(
+            sources, pixels, descriptions, algorithm, uids, created, series_number, True
+        )
+        return EncodedSegmentation(seg, None)
+    stand_in = np.zeros(analysis.labels.shape, np.uint8 if len(kept) < 256 else np.uint16)
+    stand_in[0].flat[: len(kept)] = np.arange(1, len(kept) + 1)
+    seg = reference_segmentation(
+        sources, stand_in, descriptions, algorithm, uids, created, series_number, True
+    )
+    frames = segframes.encode_frames(_packed_frames(analysis, by_key, kept), sources)
+    seg.NumberOfFrames = frames.count
+    seg[frames.per_frame.tag] = frames.per_frame
+    # OB, as pydicom resolves "OB or OW" for 1-bit pixels when highdicom's SEG is written.
+    seg.add(DataElement(0x7FE00010, "OB", frames.pixel_data))  # PixelData
+    # Written as Explicit VR Little Endian in highdicom's character set: saying so up front
+    # lets pydicom write the encoded frames as they are instead of decoding them first.
+    seg.set_original_encoding(False, True, seg._character_set)
+    segments = tuple(
+        SegmentRef(n, by_key[kept[n - 1]].tracking_uid, tuple(sources[k] for k in slices))
+        for n, slices in sorted(frames.sources_of_segment.items())
+    )
+    return EncodedSegmentation(seg, segments)
+
+
+def reference_segmentation(
+    sources: list[Dataset],
+    pixels: NDArray[np.integer],
+    descriptions: list[hd.seg.SegmentDescription],
+    algorithm: Algorithm,
+    uids: OutputUids,
+    created: datetime | None,
+    series_number: int,
+    omit_empty_frames: bool,
+) -> hd.seg.Segmentation:
+    """The SEG as highdicom builds it from a label map of segment numbers (``pixels``, in the
+    order of ``sources`` or of one multi-frame source's frames)."""
     when = (created or datetime.now(UTC)).astimezone()
     seg = hd.seg.Segmentation(
         source_images=[with_type2(sources[0]), *sources[1:]],
-        pixel_array=labels if plane_order is None else labels[plane_order],
+        pixel_array=pixels,
         segmentation_type=hd.seg.SegmentationTypeValues.BINARY,
         segment_descriptions=descriptions,
         series_instance_uid=uids.seg_series,
@@ -131,19 +229,29 @@ def _pin_dimension_organization(seg: hd.seg.Segmentation, uid: str) -> None:
         item.DimensionOrganizationUID = uid
 
 
+def _kept(analysis: Analysis) -> list[str]:
+    """Keys of the findings that get a segment, in segment number order: lungs with voxels,
+    then lesions with voxels."""
+    organs = [("right-lung", RIGHT_LUNG), ("left-lung", LEFT_LUNG)]
+    kept = [key for key, value in organs if _holds(analysis.labels, value)]
+    return kept + [f"nodule-{lesion.number}" for lesion in analysis.lesions if lesion.voxels]
+
+
+def _model(finding: Finding, algorithm: Algorithm) -> ModelId:
+    return algorithm.lungs if finding.lesion is None else algorithm.nodules
+
+
 def _segments(
     analysis: Analysis, algorithm: Algorithm, uids: OutputUids
 ) -> tuple[NDArray[np.integer], list[hd.seg.SegmentDescription]]:
     """A label map of segment numbers and the segments' descriptions, skipping empty ones."""
     by_key = {f.key: f for f in findings(analysis, uids)}
-    organs = [("right-lung", RIGHT_LUNG), ("left-lung", LEFT_LUNG)]
-    kept = [key for key, value in organs if _holds(analysis.labels, value)]
-    kept += [f"nodule-{lesion.number}" for lesion in analysis.lesions if lesion.voxels]
+    kept = _kept(analysis)
     dtype = np.uint8 if len(kept) < 256 else np.uint16
     organ_lut = np.zeros(256, dtype)
     for number, key in enumerate(kept, start=1):
         if by_key[key].lesion is None:
-            organ_lut[dict(organs)[key]] = number
+            organ_lut[_ORGAN_LABELS[key]] = number
     # One pass maps every organ label to its segment number; lesion voxels are set after.
     out = cast(NDArray[np.integer], organ_lut[analysis.labels])
     descriptions = []
@@ -151,9 +259,60 @@ def _segments(
         finding = by_key[key]
         if finding.lesion is not None:
             out[tuple(finding.lesion.voxel_index.T)] = number
-        model = algorithm.lungs if finding.lesion is None else algorithm.nodules
-        descriptions.append(_description(number, finding, model))
+        descriptions.append(_description(number, finding, _model(finding, algorithm)))
     return out, descriptions
+
+
+def _packed_frames(
+    analysis: Analysis, by_key: dict[str, Finding], kept: list[str]
+) -> dict[int, dict[int, bytes]]:
+    """The non-empty frames of each segment, bit-packed, by slice: the frames of the label map
+    of :func:`_segments` without building it (mapping all 78 M voxels takes a tenth of a
+    second; a lung is one comparison per slice, a lesion a few slices of its own voxels).
+
+    As in that label map, a voxel of several lesions belongs to the last, and lesion voxels
+    are not lung."""
+    labels = analysis.labels
+    lesions = [(n, by_key[key].lesion) for n, key in enumerate(kept, start=1)]
+    lesion_planes = _lesion_planes(
+        [(n, lesion) for n, lesion in lesions if lesion is not None], labels.shape[1:]
+    )
+    packed: dict[int, dict[int, bytes]] = {}
+    for number, lesion in lesions:
+        if lesion is None:
+            packed[number] = _organ_frames(labels, _ORGAN_LABELS[kept[number - 1]], lesion_planes)
+    for k, plane in lesion_planes.items():
+        for number in np.unique(plane[plane > 0]).tolist():
+            packed.setdefault(number, {})[k] = segframes.pack(plane == number)
+    return {n: packed[n] for n in sorted(packed)}
+
+
+def _organ_frames(
+    labels: NDArray[np.uint8], value: int, lesion_planes: dict[int, NDArray[np.integer]]
+) -> dict[int, bytes]:
+    frames = {}
+    for k in range(len(labels)):
+        mask = labels[k] == value
+        if k in lesion_planes:
+            mask &= lesion_planes[k] == 0
+        if mask.any():
+            frames[k] = segframes.pack(mask)
+    return frames
+
+
+def _lesion_planes(
+    lesions: list[tuple[int, Lesion]], shape: tuple[int, ...]
+) -> dict[int, NDArray[np.integer]]:
+    """Slices with lesion voxels: a plane of segment numbers each, later lesions last."""
+    dtype = np.uint8 if len(lesions) < 255 else np.uint16
+    planes: dict[int, NDArray[np.integer]] = {}
+    for number, lesion in lesions:
+        k, j, i = lesion.voxel_index.T
+        for z in np.unique(k).tolist():
+            plane = planes.setdefault(z, np.zeros(shape, dtype))
+            at = k == z
+            plane[j[at], i[at]] = number
+    return planes
 
 
 def _holds(labels: NDArray[np.uint8], value: int, slab: int = 8) -> bool:

@@ -33,6 +33,7 @@ from imaging_ai.outputs.common import (
     pin_clock,
     with_type2,
 )
+from imaging_ai.outputs.seg import EncodedSegmentation
 from imaging_ai.outputs.uids import OutputUids
 
 if TYPE_CHECKING:  # importing it loads the inference engines
@@ -45,7 +46,7 @@ QUALITATIVE_EVALUATIONS = CodedConcept("C0034375", "UMLS", "Qualitative Evaluati
 def build_measurement_report(
     analysis: Analysis,
     source_datasets: Sequence[Dataset],
-    segmentation: hd.seg.Segmentation,
+    segmentation: hd.seg.Segmentation | EncodedSegmentation,
     algorithm: Algorithm,
     uids: OutputUids,
     *,
@@ -62,8 +63,9 @@ def build_measurement_report(
     source_datasets
         Headers of the source images, in any order; they are recorded as evidence.
     segmentation
-        The SEG of the same job (:func:`build_segmentation`); groups reference its segments by
-        tracking UID. A finding without a segment (a lung with no voxels) gets no group.
+        The SEG of the same job (:func:`build_segmentation` or :func:`encode_segmentation`);
+        groups reference its segments by tracking UID. A finding without a segment (a lung
+        with no voxels) gets no group.
     algorithm
         Models (per group) and device (observer context).
     uids
@@ -76,10 +78,11 @@ def build_measurement_report(
         SeriesNumber of the SR series.
     """
     sources, _ = ordered_sources(analysis, source_datasets)
+    segments = referenced_segments(segmentation)
     groups = [
-        _group(finding, numbers[0], segmentation, algorithm)
+        _group(finding, segments[finding.tracking_uid], algorithm)
         for finding in findings(analysis, uids)
-        if (numbers := segmentation.get_segment_numbers(tracking_uid=finding.tracking_uid))
+        if finding.tracking_uid in segments
     ]
     report = hd.sr.MeasurementReport(
         observation_context=_observation_context(algorithm),
@@ -88,7 +91,8 @@ def build_measurement_report(
     )
     report[0].ContentSequence.append(_statements(algorithm, impression))
     when = (created or datetime.now(UTC)).astimezone()
-    evidence = [with_type2(sources[0]), *sources[1:], segmentation]
+    seg = segmentation.dataset if isinstance(segmentation, EncodedSegmentation) else segmentation
+    evidence = [with_type2(sources[0]), *sources[1:], seg]
     sr = _document(report[0], evidence, algorithm, uids, when, series_number)
     pin_clock(sr, when)
     return sr
@@ -124,8 +128,42 @@ def _document(
     )
 
 
+def referenced_segments(
+    segmentation: hd.seg.Segmentation | EncodedSegmentation,
+) -> dict[str, hd.sr.ReferencedSegment]:
+    """Each segment as an SR reference to it and to the source images it has frames on, by
+    tracking UID.
+
+    An encoded SEG says which images each segment lies on; a highdicom one is searched frame
+    by frame (``ReferencedSegment.from_segmentation``), which gives the same references.
+    """
+    if isinstance(segmentation, EncodedSegmentation) and segmentation.segments is not None:
+        seg = segmentation.dataset
+        return {
+            s.tracking_uid: hd.sr.ReferencedSegment(
+                sop_class_uid=seg.SOPClassUID,
+                sop_instance_uid=seg.SOPInstanceUID,
+                segment_number=s.number,
+                source_images=[
+                    hd.sr.SourceImageForSegmentation(src.SOPClassUID, src.SOPInstanceUID)
+                    for src in s.sources
+                ],
+            )
+            for s in segmentation.segments
+        }
+    found = segmentation.dataset if isinstance(segmentation, EncodedSegmentation) else segmentation
+    if not isinstance(found, hd.seg.Segmentation):
+        raise TypeError("an encoded SEG without its segments must be a highdicom Segmentation")
+    return {
+        str(
+            found.get_segment_description(n).tracking_uid
+        ): hd.sr.ReferencedSegment.from_segmentation(found, segment_number=n)
+        for n in found.segment_numbers
+    }
+
+
 def _group(
-    finding: Finding, segment_number: int, segmentation: hd.seg.Segmentation, algorithm: Algorithm
+    finding: Finding, segment: hd.sr.ReferencedSegment, algorithm: Algorithm
 ) -> hd.sr.VolumetricROIMeasurementsAndQualitativeEvaluations:
     """TID 1411 for one finding, referencing its segment and the segment's source images."""
     model = algorithm.lungs if finding.lesion is None else algorithm.nodules
@@ -133,9 +171,7 @@ def _group(
         tracking_identifier=hd.sr.TrackingIdentifier(
             uid=finding.tracking_uid, identifier=finding.label
         ),
-        referenced_segment=hd.sr.ReferencedSegment.from_segmentation(
-            segmentation, segment_number=segment_number
-        ),
+        referenced_segment=segment,
         finding_type=dicom_code(finding.type),
         finding_category=dicom_code(finding.category),
         algorithm_id=_algorithm_id(model),
