@@ -19,7 +19,6 @@ where any segment has a pixel.
 
 from __future__ import annotations
 
-import struct
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -28,13 +27,8 @@ import numpy as np
 from numpy.typing import NDArray
 from pydicom.dataelem import DataElement, RawDataElement
 from pydicom.dataset import Dataset
-from pydicom.filebase import DicomBytesIO
-from pydicom.filewriter import write_data_element
-from pydicom.tag import Tag
 
-# An item's tag; pydicom writes a new item with its length, not with a delimiter.
-_ITEM = b"\xfe\xff\x00\xe0"
-_PER_FRAME = Tag(0x5200, 0x9230)  # PerFrameFunctionalGroupsSequence
+from imaging_ai.outputs import encoding
 
 # PS3.16 CID 7202, as highdicom writes it for a frame's source image.
 _PURPOSE = hd.sr.CodedConcept("121322", "DCM", "Source image for image processing operation")
@@ -68,21 +62,22 @@ def encode_frames(packed: Mapping[int, Mapping[int, bytes]], sources: Sequence[D
     order = slice_order(sources)
     used = sorted({k for by_slice in packed.values() for k in by_slice}, key=order.__getitem__)
     plane_index = {k: n for n, k in enumerate(used, start=1)}
-    shared = {k: _shared_pieces(sources[k]) for k in used}
+    constant = _constant_pieces()
+    shared = {k: _shared_pieces(sources[k], constant) for k in used}
     items: list[bytes] = []
     pixels: list[bytes] = []
     sources_of: dict[int, tuple[int, ...]] = {}
     for number in sorted(packed):
         slices = sorted(packed[number], key=order.__getitem__)
         sources_of[number] = tuple(slices)
-        segment_piece = _encode(_segment_identification(number))
+        segment_piece = _one_value_sequence(0x0062000A, DataElement(0x0062000B, "US", number))
         for k in slices:
             derivation, position = shared[k]
-            content = _encode(_frame_content(number, plane_index[k]))
-            items.append(_item(derivation, content, position, segment_piece))
+            dimension = DataElement(0x00209157, "UL", [number, plane_index[k]])
+            content = _one_value_sequence(0x00209111, dimension)  # FrameContentSequence
+            items.append(encoding.item(derivation, content, position, segment_piece))
             pixels.append(packed[number][k])
-    value = b"".join(items)
-    raw = RawDataElement(_PER_FRAME, "SQ", len(value), value, 0, False, True)
+    raw = encoding.raw_sequence(0x52009230, items)  # PerFrameFunctionalGroupsSequence
     return Frames(raw, _pixel_data(pixels), len(items), sources_of)
 
 
@@ -96,50 +91,40 @@ def slice_order(sources: Sequence[Dataset]) -> dict[int, float]:
     return dict(enumerate((positions @ normal).tolist()))
 
 
-def _shared_pieces(source: Dataset) -> tuple[bytes, bytes]:
-    """The encoded Derivation Image and Plane Position Sequences of a frame on ``source``."""
-    reference = Dataset()
-    reference.ReferencedSOPClassUID = source.SOPClassUID
-    reference.ReferencedSOPInstanceUID = source.SOPInstanceUID
-    reference.PurposeOfReferenceCodeSequence = [_PURPOSE]
-    reference.SpatialLocationsPreserved = "YES"
-    derivation = Dataset()
-    derivation.DerivationCodeSequence = [_DERIVATION]
-    derivation.SourceImageSequence = [reference]
+def _constant_pieces() -> tuple[bytes, bytes, bytes]:
+    """What every frame's derivation says alike: Derivation Code Sequence, Spatial Locations
+    Preserved and Purpose of Reference Code Sequence, encoded."""
+    return (
+        encoding.element(DataElement(0x00089215, "SQ", [_DERIVATION])),
+        encoding.element(DataElement(0x0028135A, "CS", "YES")),
+        encoding.element(DataElement(0x0040A170, "SQ", [_PURPOSE])),
+    )
+
+
+def _shared_pieces(source: Dataset, constant: tuple[bytes, bytes, bytes]) -> tuple[bytes, bytes]:
+    """The encoded Derivation Image and Plane Position Sequences of a frame on ``source``,
+    laid out as highdicom's ``_get_pffg_item`` makes them (elements in tag order)."""
+    derivation_code, preserved, purpose = constant
+    reference = encoding.item(
+        encoding.uid(0x00081150, source.SOPClassUID),  # ReferencedSOPClassUID
+        encoding.uid(0x00081155, source.SOPInstanceUID),  # ReferencedSOPInstanceUID
+        preserved,
+        purpose,
+    )
+    source_images = encoding.sequence(0x00082112, [reference])  # SourceImageSequence
+    derivation = encoding.sequence(0x00089124, [encoding.item(source_images, derivation_code)])
     position = hd.PlanePositionSequence(
         coordinate_system=hd.CoordinateSystemNames.PATIENT,
         image_position=source.ImagePositionPatient,
     )
-    return (
-        _encode(DataElement(0x00089124, "SQ", [derivation])),
-        _encode(DataElement(0x00209113, "SQ", position)),
-    )
+    position_element = position[0]["ImagePositionPatient"]
+    plane = encoding.sequence(0x00209113, [encoding.item(encoding.element(position_element))])
+    return derivation, plane
 
 
-def _item(*elements: bytes) -> bytes:
-    """A sequence item of encoded elements (given in tag order), with its length."""
-    length = sum(len(e) for e in elements)
-    return b"".join((_ITEM, struct.pack("<I", length), *elements))
-
-
-def _frame_content(segment: int, plane: int) -> DataElement:
-    item = Dataset()
-    item.add(DataElement(0x00209157, "UL", [segment, plane]))  # DimensionIndexValues
-    return DataElement(0x00209111, "SQ", [item])  # FrameContentSequence
-
-
-def _segment_identification(segment: int) -> DataElement:
-    item = Dataset()
-    item.add(DataElement(0x0062000B, "US", segment))  # ReferencedSegmentNumber
-    return DataElement(0x0062000A, "SQ", [item])  # SegmentIdentificationSequence
-
-
-def _encode(element: DataElement) -> bytes:
-    """One element as pydicom writes it in Explicit VR Little Endian."""
-    buffer = DicomBytesIO()
-    buffer.is_little_endian, buffer.is_implicit_VR = True, False
-    write_data_element(buffer, element)
-    return buffer.getvalue()
+def _one_value_sequence(tag: int, value: DataElement) -> bytes:
+    """A sequence of one item holding one element (Frame Content, Segment Identification)."""
+    return encoding.sequence(tag, [encoding.item(encoding.element(value))])
 
 
 def pack(mask: NDArray[np.bool_]) -> bytes:

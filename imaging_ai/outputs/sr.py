@@ -19,6 +19,7 @@ from pydicom.sr.codedict import codes
 from pydicom.uid import generate_uid
 
 from imaging_ai.modelcard import CodedConcept
+from imaging_ai.outputs import srrefs
 from imaging_ai.outputs.common import (
     AI_STATEMENT,
     CT_CHEST,
@@ -78,7 +79,8 @@ def build_measurement_report(
         SeriesNumber of the SR series.
     """
     sources, _ = ordered_sources(analysis, source_datasets)
-    segments = referenced_segments(segmentation)
+    encoded = isinstance(segmentation, EncodedSegmentation) and segmentation.segments is not None
+    segments = referenced_segments(segmentation, placeholders=encoded)
     groups = [
         _group(finding, segments[finding.tracking_uid], algorithm)
         for finding in findings(analysis, uids)
@@ -95,6 +97,8 @@ def build_measurement_report(
     evidence = [with_type2(sources[0]), *sources[1:], seg]
     sr = _document(report[0], evidence, algorithm, uids, when, series_number)
     pin_clock(sr, when)
+    if isinstance(segmentation, EncodedSegmentation) and segmentation.segments is not None:
+        srrefs.put_source_images(sr, {s.number: s.sources for s in segmentation.segments})
     return sr
 
 
@@ -129,13 +133,15 @@ def _document(
 
 
 def referenced_segments(
-    segmentation: hd.seg.Segmentation | EncodedSegmentation,
+    segmentation: hd.seg.Segmentation | EncodedSegmentation, *, placeholders: bool = False
 ) -> dict[str, hd.sr.ReferencedSegment]:
     """Each segment as an SR reference to it and to the source images it has frames on, by
     tracking UID.
 
     An encoded SEG says which images each segment lies on; a highdicom one is searched frame
     by frame (``ReferencedSegment.from_segmentation``), which gives the same references.
+    With ``placeholders``, each reference names the source series instead, for
+    :func:`~imaging_ai.outputs.srrefs.put_source_images` to replace by the images.
     """
     if isinstance(segmentation, EncodedSegmentation) and segmentation.segments is not None:
         seg = segmentation.dataset
@@ -144,10 +150,10 @@ def referenced_segments(
                 sop_class_uid=seg.SOPClassUID,
                 sop_instance_uid=seg.SOPInstanceUID,
                 segment_number=s.number,
-                source_images=[
-                    hd.sr.SourceImageForSegmentation(src.SOPClassUID, src.SOPInstanceUID)
-                    for src in s.sources
-                ],
+                source_images=None if placeholders else _source_images(s.sources),
+                source_series=srrefs.placeholder(str(s.sources[0].SeriesInstanceUID))
+                if placeholders
+                else None,
             )
             for s in segmentation.segments
         }
@@ -160,6 +166,10 @@ def referenced_segments(
         ): hd.sr.ReferencedSegment.from_segmentation(found, segment_number=n)
         for n in found.segment_numbers
     }
+
+
+def _source_images(sources: Sequence[Dataset]) -> list[hd.sr.SourceImageForSegmentation]:
+    return [hd.sr.SourceImageForSegmentation(ds.SOPClassUID, ds.SOPInstanceUID) for ds in sources]
 
 
 def _group(
