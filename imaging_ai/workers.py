@@ -167,6 +167,7 @@ class BatchTrace:
     replied: int
     returned: int
     stages: tuple[int, int, int] | None
+    runner: int = 0  # which of the worker's runner threads (sets of engines) ran it
 
 
 @dataclass(frozen=True)
@@ -201,6 +202,7 @@ class _Done:
     gpu_lost: bool = False  # an engine took its GPU as lost and runs every batch on the CPU
     marks: tuple[int, int, int, int] = (0, 0, 0, 0)
     stages: tuple[int, int, int] | None = None
+    runner: int = 0
 
 
 @dataclass(frozen=True)
@@ -322,15 +324,15 @@ def _serve(conn: Connection, sets: list[dict[str, Engine]], parent_pid: int, sta
     pipe = _Pipe(conn, parent_pid)
     clock = _BusyClock()
 
-    def serve(runner: _Runner) -> None:
+    def serve(runner: _Runner, index: int) -> None:
         try:
-            batches(runner)
+            batches(runner, index)
         except BaseException:  # a bug here: end the worker, so the parent retries its batches
             log.exception("inference worker thread failed")
             pipe.close()
             raise
 
-    def batches(runner: _Runner) -> None:
+    def batches(runner: _Runner, index: int) -> None:
         while (got := pipe.next_task()) is not None:
             task, received = got
             started = time.monotonic_ns()
@@ -339,13 +341,13 @@ def _serve(conn: Connection, sets: list[dict[str, Engine]], parent_pid: int, sta
             ended = time.monotonic_ns()
             if isinstance(result, _Done):  # busy time counts once however many batches ran
                 marks = (received, started, ended, 0)
-                result = replace(result, seconds=clock.stop(), marks=marks)
+                result = replace(result, seconds=clock.stop(), marks=marks, runner=index)
             else:
                 clock.stop()
             pipe.reply(result)
 
     threads = [
-        threading.Thread(target=serve, args=(r,), name=f"batch-{i}", daemon=True)
+        threading.Thread(target=serve, args=(r, i), name=f"batch-{i}", daemon=True)
         for i, r in enumerate(runners)
     ]
     try:
@@ -937,7 +939,9 @@ class WorkerPool:
                 return
             times = (job.sent, *message.marks, returned)
             self._traces.append(
-                BatchTrace(job.model, len(job.batch), w.index, *times, message.stages)
+                BatchTrace(
+                    job.model, len(job.batch), w.index, *times, message.stages, message.runner
+                )
             )
             w.batches_done, w.busy_s = w.batches_done + 1, w.busy_s + message.seconds
             w.sizes[len(job.batch)] += 1

@@ -174,6 +174,28 @@ def trace_row(traces: list[BatchTrace]) -> Row:
     return row
 
 
+RAW_FIELDS = (
+    "model size worker runner sent received started ended replied returned copy_in run copy_out"
+)
+
+
+def raw_traces(traces: list[BatchTrace], models: list[str]) -> Row:
+    """Every batch's trace as integers (us; times from the first send), for analysis elsewhere."""
+    if not traces:
+        return {"fields": RAW_FIELDS, "rows": []}
+    t0 = min(t.sent for t in traces)
+    rows = []
+    for t in traces:
+        times = (t.sent, t.received, t.started, t.ended, t.replied, t.returned)
+        stages = t.stages or (0, 0, 0)
+        rows.append(
+            [models.index(t.model), t.size, t.worker, t.runner]
+            + [(v - t0) // 1000 for v in times]
+            + [v // 1000 for v in stages]
+        )
+    return {"fields": RAW_FIELDS, "rows": rows}
+
+
 def trace_in_flight(
     pool: WorkerPool, cards: list[ModelCard], batch: int, deep: int, seconds: float
 ) -> list[Row]:
@@ -319,6 +341,7 @@ def timed_load(p: Pool, inputs: list[dict[str, Any]], args: argparse.Namespace) 
         "workers": workers,
         "gpu": gpu_figures(samples, p.gpus),
         "traces": {c.name: trace_row([t for t in traces if t.model == c.name]) for c in p.cards},
+        "raw": raw_traces(traces, [c.name for c in p.cards]),
         "max_spread": spread,
         "start_s": p.start_s,
     }
@@ -590,7 +613,8 @@ def run_all(
                 if row is not None:
                     load_s = time.perf_counter() - t0
                     report.data["loads"].append(row)
-                    print(json.dumps({k: v for k, v in row.items() if k != "traces"}), flush=True)
+                    brief = {k: v for k, v in row.items() if k not in ("traces", "raw")}
+                    print(json.dumps(brief), flush=True)
     for key in list(pools):
         pools.pop(key).stop()
     if budget.allows("the gpu_threads=0 comparison", 40 + load_s):

@@ -368,6 +368,22 @@ def piece_copier(options: OrtOptions) -> PieceCopier | None:
         return None
 
 
+def bound_sizes(max_batch_size: int, device: str) -> tuple[int, ...]:
+    """The padded batch sizes an IO-bound session runs: on a GPU only the largest.
+
+    ONNX Runtime's CUDA provider re-plans its convolutions whenever a session's input shape
+    differs from its previous run's: on an H200 every run after a change of batch size took
+    350 ms (lung-seg) and 600-1,600 ms (nodule-det) instead of 3 and 9 ms, whatever the
+    cuDNN cache held, and under the batchers' mixed sizes those runs left the GPU idle 60% of
+    the time (`scripts/device_run_tail.py`, docs/benchmarks.md "Why the GPU idled"). Padding
+    every batch to the largest costs at most one full batch's run (9 ms) for a short one. On
+    the CPU a shape change costs nothing, and padding would cost the padded slices' compute.
+    """
+    if device == "cpu":
+        return batch_sizes_up_to(max_batch_size)
+    return (max_batch_size,)
+
+
 class OrtBoundEngine:
     """Fixed input/output buffers per padded batch size; replays CUDA graphs when enabled.
 
@@ -380,10 +396,10 @@ class OrtBoundEngine:
         self, session: Any, card: ModelCard, options: OrtOptions, ort: ModuleType, info: BackendInfo
     ) -> None:
         self._session, self._card, self._errors = session, card, ort_errors(ort)
-        self._sizes = batch_sizes_up_to(options.max_batch_size)
+        device = "cpu" if options.provider == "cpu" else "cuda"
+        self._sizes = bound_sizes(options.max_batch_size, device)
         self._info = replace(info, max_batch_size=self._sizes[-1], batch_sizes=self._sizes)
         self._out_dims = self._output_dims()
-        device = "cpu" if options.provider == "cpu" else "cuda"
         self._slots = {
             size: self._slot(ort, options, device, size, graph_id)
             for graph_id, size in enumerate(self._sizes, start=1)  # id 0 is ORT's own
