@@ -145,6 +145,8 @@ def _elements(data: bytes, offset: int, explicit: bool) -> Iterator[tuple[int, i
     while offset + 8 <= end:
         if explicit:
             group, element, vr, length = _SHORT.unpack_from(data, offset)
+            if not (vr.isalpha() and vr.isupper()):
+                return  # not explicit VR after all (pydicom detects that and reads it anyway)
             offset += 8
             if vr in _LONG_VRS:
                 if offset + 4 > end:

@@ -184,3 +184,21 @@ def test_series_uid_from_the_first_bytes(tmp_path: Path) -> None:
     assert series_uid(paths[0]) == "1.2.3.4"
     (tmp_path / "not.dcm").write_bytes(b"nonsense")
     assert series_uid(tmp_path / "not.dcm") is None
+
+
+def _meta_end(data: bytes) -> int:
+    # File meta group length (0002,0000), UL, follows the preamble and "DICM".
+    return 144 + int.from_bytes(data[140:144], "little")
+
+
+def test_a_file_whose_meta_says_explicit_but_is_implicit_goes_to_pydicom(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    explicit = ct_series(tmp_path / "explicit", slices=4)
+    implicit = _rewrite(ct_series(tmp_path / "implicit", slices=4), _implicit)
+    for e, i in zip(explicit, implicit, strict=True):
+        meta, data = e.read_bytes(), i.read_bytes()
+        e.write_bytes(meta[: _meta_end(meta)] + data[_meta_end(data) :])
+    assert read_plain(explicit[0]) is None
+    fast, slow = _both(explicit, monkeypatch)
+    _assert_same(fast, slow)
