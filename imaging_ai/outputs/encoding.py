@@ -32,8 +32,15 @@ def element(elem: DataElement, encodings: str | list[str] | None = None) -> byte
 
 
 def uid(tag: int, value: str) -> bytes:
-    """A UI element."""
-    return element(DataElement(tag, "UI", value))
+    """A UI element, laid out as pydicom lays it out (value padded with NUL to even length).
+
+    Hundreds are needed per object (two per source image) and pydicom's writer takes 30 µs
+    for each; the layout is fixed (PS3.5 7.1.2, 9.1), and the tests compare it with pydicom's.
+    """
+    data = value.encode("ascii")
+    if len(data) % 2:
+        data += b"\0"
+    return struct.pack("<HH2sH", tag >> 16, tag & 0xFFFF, b"UI", len(data)) + data
 
 
 def item(*pieces: bytes) -> bytes:

@@ -25,6 +25,7 @@ import numpy as np
 from numpy.typing import NDArray
 from pydicom.dataelem import DataElement
 from pydicom.dataset import Dataset
+from pydicom.valuerep import format_number_as_ds
 
 from imaging_ai.errors import UnsupportedInput
 from imaging_ai.outputs import segframes
@@ -160,11 +161,16 @@ def encode_segmentation(
             sources, pixels, descriptions, algorithm, uids, created, series_number, True
         )
         return EncodedSegmentation(seg, None)
-    stand_in = np.zeros(analysis.labels.shape, np.uint8 if len(kept) < 256 else np.uint16)
+    # The stand-in lies on the first source only: highdicom checks each source against the
+    # IOD tables (a millisecond each), and what the other sources give is set here after.
+    stand_in = np.zeros((1, rows, columns), np.uint8 if len(kept) < 256 else np.uint16)
     stand_in[0].flat[: len(kept)] = np.arange(1, len(kept) + 1)
     seg = reference_segmentation(
-        sources, stand_in, descriptions, algorithm, uids, created, series_number, True
+        sources[:1], stand_in, descriptions, algorithm, uids, created, series_number, True
     )
+    _spacing_between_slices(seg, sources)
+    for element in segframes.source_references(sources):
+        seg[element.tag] = element
     frames = segframes.encode_frames(_packed_frames(analysis, by_key, kept), sources)
     seg.NumberOfFrames = frames.count
     seg[frames.per_frame.tag] = frames.per_frame
@@ -219,6 +225,24 @@ def reference_segmentation(
     pin_clock(seg, when)
     _pin_dimension_organization(seg, uids.uid("seg-dimension-organization"))
     return seg
+
+
+def _spacing_between_slices(seg: hd.seg.Segmentation, sources: Sequence[Dataset]) -> None:
+    """Spacing Between Slices as highdicom sets it for a SEG on all ``sources``: copied from
+    the first source if it has one (the stand-in had that too), else derived from every
+    source's position where they are evenly spaced."""
+    measures = seg.SharedFunctionalGroupsSequence[0].PixelMeasuresSequence[0]
+    if "SpacingBetweenSlices" in sources[0]:
+        return
+    measures.pop("SpacingBetweenSlices", None)  # what one plane gave, if anything
+    spacing, _ = hd.spatial.get_volume_positions(
+        image_positions=[ds.ImagePositionPatient for ds in sources],
+        image_orientation=seg.SharedFunctionalGroupsSequence[0]
+        .PlaneOrientationSequence[0]
+        .ImageOrientationPatient,
+    )
+    if spacing is not None:
+        measures.SpacingBetweenSlices = format_number_as_ds(spacing)
 
 
 def _pin_dimension_organization(seg: hd.seg.Segmentation, uid: str) -> None:

@@ -19,6 +19,7 @@ where any segment has a pixel.
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -63,6 +64,9 @@ def encode_frames(packed: Mapping[int, Mapping[int, bytes]], sources: Sequence[D
     used = sorted({k for by_slice in packed.values() for k in by_slice}, key=order.__getitem__)
     plane_index = {k: n for n, k in enumerate(used, start=1)}
     constant = _constant_pieces()
+    # Frame Content Sequence with its Dimension Index Values (UL, two values) last: encoded
+    # once, each frame's two numbers then written over the last 8 bytes.
+    frame_content = _one_value_sequence(0x00209111, DataElement(0x00209157, "UL", [0, 0]))
     shared = {k: _shared_pieces(sources[k], constant) for k in used}
     items: list[bytes] = []
     pixels: list[bytes] = []
@@ -73,12 +77,37 @@ def encode_frames(packed: Mapping[int, Mapping[int, bytes]], sources: Sequence[D
         segment_piece = _one_value_sequence(0x0062000A, DataElement(0x0062000B, "US", number))
         for k in slices:
             derivation, position = shared[k]
-            dimension = DataElement(0x00209157, "UL", [number, plane_index[k]])
-            content = _one_value_sequence(0x00209111, dimension)  # FrameContentSequence
+            content = frame_content[:-8] + struct.pack("<2I", number, plane_index[k])
             items.append(encoding.item(derivation, content, position, segment_piece))
             pixels.append(packed[number][k])
     raw = encoding.raw_sequence(0x52009230, items)  # PerFrameFunctionalGroupsSequence
     return Frames(raw, _pixel_data(pixels), len(items), sources_of)
+
+
+def source_references(sources: Sequence[Dataset]) -> tuple[RawDataElement, RawDataElement]:
+    """Source Image Sequence and Referenced Series Sequence (PS3.3 C.8.20.2, C.12.2) of a SEG
+    on ``sources``, as highdicom's ``_add_source_image_references`` makes them: every source
+    in order, and per series (in order of first appearance) its instances."""
+    references: list[bytes] = []
+    by_series: dict[str, list[bytes]] = {}
+    for ds in sources:
+        reference = encoding.item(
+            encoding.uid(0x00081150, ds.SOPClassUID),  # ReferencedSOPClassUID
+            encoding.uid(0x00081155, ds.SOPInstanceUID),  # ReferencedSOPInstanceUID
+        )
+        references.append(reference)
+        by_series.setdefault(str(ds.SeriesInstanceUID), []).append(reference)
+    series = [
+        encoding.item(
+            encoding.sequence(0x0008114A, instances),  # ReferencedInstanceSequence
+            encoding.uid(0x0020000E, uid),  # SeriesInstanceUID
+        )
+        for uid, instances in by_series.items()
+    ]
+    return (
+        encoding.raw_sequence(0x00082112, references),  # SourceImageSequence
+        encoding.raw_sequence(0x00081115, series),  # ReferencedSeriesSequence
+    )
 
 
 def slice_order(sources: Sequence[Dataset]) -> dict[int, float]:
