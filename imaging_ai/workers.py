@@ -298,6 +298,9 @@ def _worker_main(
                 e.infer(sample_batch(cards[n], e.max_batch_size))
         copies = spec.concurrency if gpu is not None else 1
         sets = [engines, *(_load_engines(spec, device)[0] for _ in range(copies - 1))]
+        for extra in sets[1:]:  # a GPU session's first run plans its kernels: 0.3-0.6 s
+            for n, e in extra.items():
+                e.infer(sample_batch(cards[n], 1))
     except Exception as exc:  # reported to the parent, which refuses to start or retries
         with contextlib.suppress(OSError):
             conn.send(_Failed(None, f"{type(exc).__name__}: {exc}", retry=False))
