@@ -119,7 +119,7 @@ def build_segmentation(
         # Reading the encoded frames back builds highdicom's frame index for its queries.
         return hd.seg.Segmentation.from_dataset(encoded.dataset, copy=False)
     sources, plane_order = ordered_sources(analysis, source_datasets)
-    labels, descriptions = _segments(analysis, algorithm, uids)
+    labels, descriptions = segment_label_map(analysis, algorithm, uids)
     pixels = labels if plane_order is None else labels[plane_order]
     return reference_segmentation(
         sources, pixels, descriptions, algorithm, uids, created, series_number, False
@@ -155,7 +155,7 @@ def encode_segmentation(
         )
     rows, columns = analysis.labels.shape[1:]
     if plane_order is not None or not segframes.check_frame_size(rows, columns):
-        labels, _ = _segments(analysis, algorithm, uids)
+        labels, _ = segment_label_map(analysis, algorithm, uids)
         pixels = labels if plane_order is None else labels[plane_order]
         seg = reference_segmentation(
             sources, pixels, descriptions, algorithm, uids, created, series_number, True
@@ -265,7 +265,7 @@ def _model(finding: Finding, algorithm: Algorithm) -> ModelId:
     return algorithm.lungs if finding.lesion is None else algorithm.nodules
 
 
-def _segments(
+def segment_label_map(
     analysis: Analysis, algorithm: Algorithm, uids: OutputUids
 ) -> tuple[NDArray[np.integer], list[hd.seg.SegmentDescription]]:
     """A label map of segment numbers and the segments' descriptions, skipping empty ones."""

@@ -16,7 +16,7 @@ from pydicom.dataset import Dataset
 from imaging_ai.analyse import Analysis
 from imaging_ai.modelcard import parse_model_card
 from imaging_ai.outputs.common import Algorithm, ModelId, read_headers
-from imaging_ai.outputs.seg import build_segmentation
+from imaging_ai.outputs.seg import encode_segmentation
 from imaging_ai.outputs.sr import build_measurement_report
 from imaging_ai.outputs.uids import OutputUids, output_uids
 from imaging_ai.phantom import PhantomSpec, generate, write_study
@@ -115,7 +115,8 @@ class Built:
 
 @pytest.fixture(scope="session")
 def built(study: Study, tmp_path_factory: pytest.TempPathFactory) -> Built:
-    seg = build_segmentation(study.analysis, study.headers, ALGORITHM, study.uids, created=CREATED)
+    # As write_results builds them: the SEG's frames and the SR's references encoded.
+    seg = encode_segmentation(study.analysis, study.headers, ALGORITHM, study.uids, created=CREATED)
     sr = build_measurement_report(
         study.analysis,
         study.headers,
@@ -126,9 +127,10 @@ def built(study: Study, tmp_path_factory: pytest.TempPathFactory) -> Built:
         created=CREATED,
     )
     folder = tmp_path_factory.mktemp("results")
-    seg.save_as(folder / "seg.dcm")
-    sr.save_as(folder / "sr.dcm")
-    return Built(folder / "seg.dcm", folder / "sr.dcm", seg, sr)
+    seg.dataset.save_as(folder / "seg.dcm", enforce_file_format=True)
+    sr.save_as(folder / "sr.dcm", enforce_file_format=True)
+    # What the tests query is the SEG read back, as a receiver would read it.
+    return Built(folder / "seg.dcm", folder / "sr.dcm", hd.seg.segread(folder / "seg.dcm"), sr)
 
 
 def dciodvfy(path: Path) -> tuple[list[str], list[str]]:
