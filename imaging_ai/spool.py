@@ -148,7 +148,10 @@ class Spool:
         """
         with self._spare_cond:
             if self._spares:
-                self._spare_cond.notify()
+                # Woken once the spares are half used, it refills them all: a wake-up (a
+                # thread switch) per instance cost more CPU than creating the file.
+                if len(self._spares) <= (self._spare_target + 1) // 2:
+                    self._spare_cond.notify()
                 return self._spares.popleft()
         return self._create_temporary()
 
