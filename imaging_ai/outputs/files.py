@@ -10,9 +10,13 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from io import BytesIO
 from pathlib import Path
+
+from pydicom.dataset import Dataset
 
 from imaging_ai.analyse import Analysis
 from imaging_ai.config import Config
@@ -41,12 +45,18 @@ def write_results(
     created: datetime,
     impression: str,
     config: Config,
+    headers: Sequence[Dataset] | None = None,
 ) -> ResultFiles:
-    """Build SEG, SR, ORU and FHIR for a job and write them; SEG comes first (SR refers to it)."""
+    """Build SEG, SR, ORU and FHIR for a job and write them; SEG comes first (SR refers to it).
+
+    ``headers`` are the sources' headers where the caller has read them already (reading 300
+    takes about 0.12 s); otherwise they are read here.
+    """
     data_dir = Path(config.storage.data_dir)
     folder = data_dir / "results" / analysis.volume.study_instance_uid / str(job_id)
     folder.mkdir(parents=True, exist_ok=True)
-    headers = read_headers(sources)
+    if headers is None:
+        headers = read_headers(sources)
     uids = output_uids(analysis.volume.study_instance_uid, job_id)
     algorithm = Algorithm.from_analysis(
         analysis,
@@ -78,25 +88,18 @@ def write_results(
     return ResultFiles(folder, tuple(payloads), fhir)
 
 
-def _save_dicom(dataset: object, path: Path) -> Path:
+def _save_dicom(dataset: Dataset, path: Path) -> Path:
+    buffer = BytesIO()
+    dataset.save_as(buffer, enforce_file_format=True)
+    return _save_bytes(path, buffer.getbuffer())
+
+
+def _save_bytes(path: Path, data: bytes | memoryview) -> Path:
+    """Write atomically: one write and an fsync on the same descriptor, then rename (pydicom
+    writing to the file itself makes thousands of small writes)."""
     tmp = path.with_suffix(".tmp")
-    dataset.save_as(tmp, enforce_file_format=True)  # type: ignore[attr-defined]
-    _fsync(tmp)
+    with open(tmp, "wb", buffering=0) as f:
+        f.write(data)
+        os.fsync(f.fileno())
     os.replace(tmp, path)
     return path
-
-
-def _save_bytes(path: Path, data: bytes) -> Path:
-    tmp = path.with_suffix(".tmp")
-    tmp.write_bytes(data)
-    _fsync(tmp)
-    os.replace(tmp, path)
-    return path
-
-
-def _fsync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
