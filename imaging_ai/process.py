@@ -232,7 +232,7 @@ class Processor:
             study.state, study.error = "failed", reason
 
 
-class _EngineClock:
+class EngineClock:
     """An engine that notes when its first batch went in and how long it spent inferring.
 
     A model's analysis step prepares every slice, runs the batches, then maps the outputs
@@ -265,9 +265,9 @@ class _EngineClock:
         self.engine.close()
 
 
-def _clocked(models: Models) -> tuple[Models, dict[str, _EngineClock]]:
+def _clocked(models: Models) -> tuple[Models, dict[str, EngineClock]]:
     """The models with clocked engines, and the clocks by step name in the order they run."""
-    lungs, nodules = _EngineClock(models.lungs.engine), _EngineClock(models.nodules.engine)
+    lungs, nodules = EngineClock(models.lungs.engine), EngineClock(models.nodules.engine)
     clocked = replace(
         models,
         lungs=LoadedModel(models.lungs.card, lungs),
@@ -277,7 +277,7 @@ def _clocked(models: Models) -> tuple[Models, dict[str, _EngineClock]]:
 
 
 def split_steps(
-    steps: dict[str, float], started: float, clocks: dict[str, _EngineClock]
+    steps: dict[str, float], started: float, clocks: dict[str, EngineClock]
 ) -> dict[str, float]:
     """The analysis steps with each model's step split into preparation, inference, mapping.
 

@@ -42,27 +42,7 @@ from imaging_ai.batch import BatchingEngine
 from imaging_ai.config import Config, load_config
 from imaging_ai.engine_set import EngineSet
 from imaging_ai.outputs.files import write_results
-from imaging_ai.process import split_steps
-
-
-class Clock:
-    """An engine that notes when its first batch went in and how long it spent inferring."""
-
-    def __init__(self, engine: Any) -> None:
-        self.engine, self.busy_s = engine, 0.0
-        self.first_call: float | None = None
-        self.max_batch_size, self.info = engine.max_batch_size, engine.info
-
-    def infer(self, batch: Any) -> Any:
-        start = time.perf_counter()
-        self.first_call = self.first_call or start
-        try:
-            return self.engine.infer(batch)
-        finally:
-            self.busy_s += time.perf_counter() - start
-
-    def close(self) -> None:
-        self.engine.close()
+from imaging_ai.process import EngineClock, split_steps
 
 
 class Tape:
@@ -144,7 +124,7 @@ def once(files: list[Path], models: Any, data_dir: Path, outputs: bool) -> dict[
     for model in (models.lungs, models.nodules):
         if isinstance(model.engine, Tape):
             model.engine.calls = 0
-    lungs, nodules = Clock(models.lungs.engine), Clock(models.nodules.engine)
+    lungs, nodules = EngineClock(models.lungs.engine), EngineClock(models.nodules.engine)
     clocked = replace(
         models,
         lungs=LoadedModel(models.lungs.card, lungs),

@@ -14,7 +14,7 @@ from imaging_ai.bench.stages import label, read_stages
 from imaging_ai.db.models import Delivery, Instance, Job, Series, Study
 from imaging_ai.db.session import make_engine, upgrade
 from imaging_ai.infer.base import BackendInfo, FloatArray
-from imaging_ai.process import _EngineClock, split_steps
+from imaging_ai.process import EngineClock, split_steps
 
 
 class _Engine:
@@ -28,14 +28,14 @@ class _Engine:
         pass
 
 
-def _clock(first_call: float, busy_s: float) -> _EngineClock:
-    clock = _EngineClock(_Engine())
+def _clock(first_call: float, busy_s: float) -> EngineClock:
+    clock = EngineClock(_Engine())
     clock.first_call, clock.busy_s = first_call, busy_s
     return clock
 
 
 def test_engine_clock_passes_batches_through_and_times_them() -> None:
-    clock = _EngineClock(_Engine())
+    clock = EngineClock(_Engine())
     out = clock.infer(np.ones((2, 1, 4, 4), np.float32))
     assert float(out.max()) == 2.0
     assert clock.first_call is not None and clock.busy_s > 0
