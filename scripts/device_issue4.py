@@ -34,11 +34,10 @@ import contextlib
 import json
 import os
 import statistics
-import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import replace
 from functools import partial
 from pathlib import Path
@@ -50,7 +49,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
-from device_multi_gpu import proc_cpu_s, run_studies, self_cpu_s  # noqa: E402
+from device_multi_gpu import gpu_sampler, proc_cpu_s, run_studies, self_cpu_s  # noqa: E402
 
 from imaging_ai.arena import SliceArena, SlotBatch  # noqa: E402
 from imaging_ai.batch import Batcher, BatchingConfig  # noqa: E402
@@ -61,7 +60,6 @@ from imaging_ai.workers import BatchTrace, PoolConfig, WorkerPool, WorkerSpec  #
 
 NAMES = ("lung-seg", "nodule-det")
 INPUT_SETS = 4  # distinct studies' inputs, so the daemon's copies do not run from the CPU cache
-SMI_FIELDS = "index,utilization.gpu,clocks.sm,power.draw"
 Row = dict[str, Any]
 
 
@@ -82,43 +80,6 @@ class Budget:
 
 
 # ---- GPU sampling --------------------------------------------------------------------------
-
-
-@contextlib.contextmanager
-def gpu_sampler(out: dict[int, list[list[float]]]) -> Iterator[None]:
-    """Per GPU: [utilisation %, SM clock MHz, power W] every 100 ms while the block runs.
-
-    Nothing is sampled (and `out` stays empty) where nvidia-smi is missing.
-    """
-    cmd = ["nvidia-smi", f"--query-gpu={SMI_FIELDS}", "--format=csv,noheader,nounits"]
-    try:
-        proc = subprocess.Popen(
-            [*cmd, "-lms", "100"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True
-        )
-    except OSError:
-        yield
-        return
-    lines: list[str] = []
-    reader = threading.Thread(target=lambda: lines.extend(proc.stdout or []), daemon=True)
-    reader.start()
-    try:
-        yield
-    finally:
-        proc.terminate()
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(5)
-        reader.join(5)
-    for line in lines:  # a field the driver does not report reads "[N/A]": NaN here
-        parts = [p.strip() for p in line.split(",")]
-        if len(parts) == 4 and parts[0].isdigit():
-            out.setdefault(int(parts[0]), []).append([_number(p) for p in parts[1:]])
-
-
-def _number(text: str) -> float:
-    try:
-        return float(text)
-    except ValueError:
-        return float("nan")
 
 
 def gpu_figures(samples: dict[int, list[list[float]]], gpus: int) -> list[Row]:

@@ -31,7 +31,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
@@ -45,15 +45,21 @@ from imaging_ai.modelcard import ModelCard, load_model_card  # noqa: E402
 from imaging_ai.workers import PoolConfig, WorkerPool, WorkerSpec  # noqa: E402
 
 INPUT_SETS = 4  # distinct inputs, so the parent's copies do not run from the CPU cache
+SMI_FIELDS = "index,utilization.gpu,clocks.sm,power.draw"
 CHECK_EVERY = 8  # slices of a study's outputs checked for routing and finite values
 
 
 @contextmanager
-def gpu_sampler(out: list[list[float]]) -> Iterator[None]:
-    """Sample each GPU's utilisation (%) every 100 ms with nvidia-smi while the block runs."""
-    cmd = ["nvidia-smi", "--query-gpu=index,utilization.gpu", "--format=csv,noheader,nounits"]
+def gpu_sampler(out: dict[int, list[list[float]]]) -> Iterator[None]:
+    """Per GPU: [utilisation %, SM clock MHz, power W] every 100 ms while the block runs.
+
+    Nothing is sampled (and `out` stays empty) where nvidia-smi is missing.
+    """
+    cmd = ["nvidia-smi", f"--query-gpu={SMI_FIELDS}", "--format=csv,noheader,nounits"]
     try:
-        proc = subprocess.Popen([*cmd, "-lms", "100"], stdout=subprocess.PIPE, text=True)
+        proc = subprocess.Popen(
+            [*cmd, "-lms", "100"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True
+        )
     except OSError:
         yield
         return
@@ -64,14 +70,26 @@ def gpu_sampler(out: list[list[float]]) -> Iterator[None]:
         yield
     finally:
         proc.terminate()
-        proc.wait(5)
+        with suppress(subprocess.TimeoutExpired):
+            proc.wait(5)
         reader.join(5)
-    by_gpu: dict[int, list[float]] = {}
-    for line in lines:
+    for line in lines:  # a field the driver does not report reads "[N/A]": NaN here
         parts = [p.strip() for p in line.split(",")]
-        if len(parts) == 2 and parts[0].isdigit() and parts[1].replace(".", "").isdigit():
-            by_gpu.setdefault(int(parts[0]), []).append(float(parts[1]))
-    out.extend(by_gpu[k] for k in sorted(by_gpu))
+        if len(parts) == 4 and parts[0].isdigit():
+            out.setdefault(int(parts[0]), []).append([_number(p) for p in parts[1:]])
+
+
+def _number(text: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        return float("nan")
+
+
+def gpu_util(samples: list[list[float]]) -> float:
+    """Mean utilisation (fraction) of one GPU's samples; NaN where none was reported."""
+    known = [row[0] for row in samples if not np.isnan(row[0])]
+    return round(float(np.mean(known)) / 100, 3) if known else float("nan")
 
 
 def proc_cpu_s(pid: int) -> float:
@@ -198,7 +216,7 @@ def timed(
     ]
     run_studies(batchers, cards, inputs, min(args.clients, args.studies), args.clients)
     before = {w.index: (w.busy_s, w.batches_done, w.pid) for w in pool.status()}
-    cpu0, samples = self_cpu_s(), list[list[float]]()
+    cpu0, samples = self_cpu_s(), dict[int, list[list[float]]]()
     worker_cpu0 = {i: proc_cpu_s(p[2]) for i, p in before.items() if p[2]}
     with gpu_sampler(samples):
         seconds, spread = run_studies(batchers, cards, inputs, args.studies, args.clients)
@@ -224,8 +242,8 @@ def timed(
         "seconds": round(seconds, 3),
         "slices_per_s": round(args.studies * args.slices * len(cards) / seconds, 1),
         "parent_cpu_cores": round(parent_cpu, 2),
-        "gpu_util": [round(float(np.mean(s)) / 100, 3) for s in samples],
-        "gpu_util_samples": [len(s) for s in samples],
+        "gpu_util": [gpu_util(samples[g]) for g in sorted(samples)],
+        "gpu_util_samples": [len(samples[g]) for g in sorted(samples)],
         "max_spread": spread,
         "workers": workers,
     }

@@ -13,6 +13,7 @@ $OUT/run_tail.json. Run after `source scripts/device_setup_ort.sh`.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import sys
@@ -32,8 +33,8 @@ from imaging_ai.modelcard import load_model_card  # noqa: E402
 from imaging_ai.workers import WorkerSpec, _load_engines  # noqa: E402
 
 NAMES = ("lung-seg", "nodule-det")
-BACKEND = "onnxruntime-cpu" if "--cpu" in sys.argv else "onnxruntime-cuda"
-SECONDS = 1.0 if "--cpu" in sys.argv else 10.0
+BACKEND = "onnxruntime-cuda"
+SECONDS = 10.0
 SIZES = (64, 64, 64, 64, 64, 32, 16, 8, 48, 20)
 
 
@@ -54,6 +55,11 @@ OUT_SHAPES: dict[str, tuple[int, ...]] = {}
 
 
 def main() -> int:
+    global BACKEND, SECONDS
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--cpu", action="store_true", help="a short dry run on the CPU")
+    if parser.parse_args().cpu:
+        BACKEND, SECONDS = "onnxruntime-cpu", 1.0
     cards = [load_model_card(ROOT / "engines" / n) for n in NAMES]
     for c in cards:
         SHAPES[c.name] = tuple(c.input_shape)

@@ -69,3 +69,28 @@ def test_the_gpu_sampler_reads_nvidia_smi_and_tolerates_unreported_fields(
     zero, one = run["gpu_figures"](samples, 2)
     assert (zero["util"], zero["sm_mhz"], zero["power_w"]) == (0.55, 1980, 300)
     assert (one["util"], one["sm_mhz"], one["power_w"]) == (0.2, None, None)
+
+
+def test_the_feed_and_run_tail_scripts_import_without_dicom_or_database_packages() -> None:
+    scripts = SCRIPT.parent
+    assert "--only" in help_without_dicom_or_database(scripts / "device_issue4_feed.py")
+    assert "--cpu" in help_without_dicom_or_database(scripts / "device_run_tail.py")
+
+
+def test_raw_traces_keep_every_batch_in_microseconds_from_the_first_send() -> None:
+    raw = script()["raw_traces"](
+        [trace(5_000_000, (2_000, 5_000, 1_000)), trace(0, None)], ["lung-seg"]
+    )
+    fields = raw["fields"].split()
+    first, second = (dict(zip(fields, row, strict=True)) for row in raw["rows"])
+    assert (first["sent"], first["returned"], first["run"]) == (5_000, 18_000, 5)
+    assert (second["sent"], second["ended"], second["copy_in"]) == (0, 10_000, 0)
+    assert first["size"] == 64 and first["runner"] == 0
+
+
+def test_feed_figures_say_when_a_worker_idled_with_slices_queued() -> None:
+    feed = runpy.run_path(str(SCRIPT.parent / "device_issue4_feed.py"))["feed_figures"]
+    # one worker's batches in flight, then two batchers' queued slices
+    figures = feed([[0, 10, 0], [2, 0, 0], [3, 5, 5], [0, 0, 0]], 1)
+    assert figures["inflight_mean"] == [1.25] and figures["idle_with_queue"] == [0.25]
+    assert figures["queue_empty"] == 0.5 and figures["queued_mean"] == 5
