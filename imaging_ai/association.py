@@ -56,7 +56,7 @@ class Acceptor(Protocol):
     def admit(self, peer: Peer) -> tuple[int, int, int] | None:
         """None to accept, else the A-ASSOCIATE-RJ (result, source, diagnostic)."""
 
-    def begin_store(self, command: Dataset, syntax: str, peer: Peer) -> Incoming:
+    def begin_store(self, command: dul.Command, syntax: str, peer: Peer) -> Incoming:
         """A C-STORE request announced a data set: where its fragments go."""
 
 
@@ -112,7 +112,7 @@ class Association:
         self.peer = Peer("", "", address)
         self.contexts: dict[int, PresentationContext] = {}
         self._command = bytearray()
-        self._request: Dataset | None = None
+        self._request: dul.Command | None = None
         self._request_context = 0
         self._incoming: Incoming | None = None
         self.released = False  # the peer ended it with A-RELEASE-RQ: it says it is done

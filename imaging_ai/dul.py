@@ -13,10 +13,9 @@ import socket
 import struct
 from collections.abc import Iterator
 from dataclasses import dataclass
-from io import BytesIO
+from typing import Any
 
 from pydicom import Dataset
-from pydicom.filereader import read_dataset
 from pydicom.uid import UID, generate_uid
 from pynetdicom.pdu import A_ASSOCIATE_AC, A_ASSOCIATE_RQ
 from pynetdicom.pdu_primitives import (
@@ -163,12 +162,87 @@ def encode_abort(source: int = 0x02, reason: int = 0x00) -> bytes:
     return _HEADER.pack(A_ABORT_TYPE, 0, 4) + bytes((0, 0, source, reason))
 
 
-def decode_command(data: bytes | bytearray) -> Dataset:
-    """A DIMSE command set (always implicit VR little endian)."""
-    try:
-        return read_dataset(BytesIO(bytes(data)), is_implicit_VR=True, is_little_endian=True)
-    except Exception as exc:
-        raise ProtocolError(f"malformed DIMSE command set: {exc}") from exc
+# Command elements (group 0000, PS3.7 section E.1) a storage SCP reads, with their VRs;
+# others are skipped.
+_COMMAND_ELEMENTS = {
+    0x0000: ("CommandGroupLength", "UL"),
+    0x0002: ("AffectedSOPClassUID", "UI"),
+    0x0003: ("RequestedSOPClassUID", "UI"),
+    0x0100: ("CommandField", "US"),
+    0x0110: ("MessageID", "US"),
+    0x0120: ("MessageIDBeingRespondedTo", "US"),
+    0x0600: ("MoveDestination", "AE"),
+    0x0700: ("Priority", "US"),
+    0x0800: ("CommandDataSetType", "US"),
+    0x0900: ("Status", "US"),
+    0x0902: ("ErrorComment", "LO"),
+    0x0903: ("ErrorID", "US"),
+    0x1000: ("AffectedSOPInstanceUID", "UI"),
+    0x1001: ("RequestedSOPInstanceUID", "UI"),
+    0x1030: ("MoveOriginatorApplicationEntityTitle", "AE"),
+    0x1031: ("MoveOriginatorMessageID", "US"),
+}
+_NUMBER_FORMATS = {"US": "<H", "UL": "<L"}
+
+
+class Command:
+    """A decoded DIMSE command set: its elements by keyword, read like a pydicom Dataset."""
+
+    __slots__ = ("_values",)
+
+    def __init__(self, values: dict[str, int | str]) -> None:
+        self._values = values
+
+    def get(self, keyword: str, default: Any = None) -> Any:
+        """The element's value, or ``default`` when absent."""
+        return self._values.get(keyword, default)
+
+    def __contains__(self, keyword: object) -> bool:
+        return keyword in self._values
+
+    def __getattr__(self, keyword: str) -> Any:
+        try:
+            return self._values[keyword]
+        except KeyError:
+            raise AttributeError(keyword) from None
+
+
+def decode_command(data: bytes | bytearray) -> Command:
+    """A DIMSE command set (always implicit VR little endian), decoded directly.
+
+    Through pydicom, decoding a C-STORE-RQ and reading its elements took ~80 µs per image.
+
+    Raises
+    ------
+    ProtocolError
+        An element outside group 0000, or one cut off or of the wrong length for its VR.
+    """
+    values: dict[str, int | str] = {}
+    offset = 0
+    while offset < len(data):
+        if offset + _IMPLICIT_ELEMENT.size > len(data):
+            raise ProtocolError("malformed DIMSE command set: it ends inside an element header")
+        group, element, length = _IMPLICIT_ELEMENT.unpack_from(data, offset)
+        start = offset + _IMPLICIT_ELEMENT.size
+        offset = start + length
+        if group != 0x0000 or offset > len(data):
+            raise ProtocolError(
+                f"malformed DIMSE command set: element ({group:04X},{element:04X}) of "
+                f"{length} bytes at {start - _IMPLICIT_ELEMENT.size}"
+            )
+        known = _COMMAND_ELEMENTS.get(element)
+        if known is not None:
+            values[known[0]] = _command_value(known[1], bytes(data[start:offset]))
+    return Command(values)
+
+
+def _command_value(vr: str, raw: bytes) -> int | str:
+    number = _NUMBER_FORMATS.get(vr)
+    if number is None:
+        return raw.decode("ascii", "replace").strip("\x00 ")
+    if len(raw) != struct.calcsize(number):
+        raise ProtocolError(f"malformed DIMSE command set: {vr} value of {len(raw)} bytes")
+    return int(struct.unpack(number, raw)[0])
 
 
 def encode_command_pdu(context_id: int, command: bytes) -> bytes:
@@ -208,7 +282,9 @@ def _meta_element(element: int, vr: str, value: str) -> bytes:
     return _SHORT_ELEMENT.pack(0x0002, element, vr.encode("ascii"), len(raw)) + raw
 
 
-def response(request: Dataset, command_field: int, status: int, comment: str = "") -> bytes:
+def response(
+    request: Command | Dataset, command_field: int, status: int, comment: str = ""
+) -> bytes:
     """The encoded response command set (group length first) to a C-STORE or C-ECHO request.
 
     Encoded directly, implicit VR little endian (PS3.7 section 6.3.1) with the elements in tag
@@ -224,8 +300,9 @@ def response(request: Dataset, command_field: int, status: int, comment: str = "
     if comment:
         # Error Comment is LO: at most 64 characters.
         elements.append(_command_text(0x0902, comment[:64], b" "))
-    if "AffectedSOPInstanceUID" in request:
-        elements.append(_command_text(0x1000, str(request.AffectedSOPInstanceUID), b"\x00"))
+    instance = request.get("AffectedSOPInstanceUID")
+    if instance is not None:
+        elements.append(_command_text(0x1000, str(instance), b"\x00"))
     body = b"".join(elements)
     return _IMPLICIT_ELEMENT.pack(0x0000, 0x0000, 4) + struct.pack("<L", len(body)) + body
 

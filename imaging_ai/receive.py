@@ -52,6 +52,7 @@ from imaging_ai.association import (
 from imaging_ai.catalog import CATALOG_KEYWORDS, Catalog, InstanceMeta, meta_from_dataset
 from imaging_ai.config import DicomConfig
 from imaging_ai.dicom_head import HeadValues, PixelFacts, needed_bytes
+from imaging_ai.dul import Command
 from imaging_ai.errors import InvalidDataset, SOPClassMismatch, StartupError, StorageError
 from imaging_ai.spool import Spool, check_uid, start_writeback, storage_error, write_all
 
@@ -314,14 +315,14 @@ class Receiver:
         )
         return rejection
 
-    def begin_store(self, command: Dataset, syntax: str, peer: Peer) -> IncomingInstance:
+    def begin_store(self, command: Command | Dataset, syntax: str, peer: Peer) -> IncomingInstance:
         """Where the fragments of an announced C-STORE data set go."""
         return IncomingInstance(self, command, syntax, peer)
 
     def store(
         self,
         path: Path,
-        command: Dataset,
+        command: Command | Dataset,
         syntax: str,
         peer: Peer,
         header: Header | None = None,
@@ -359,7 +360,7 @@ class Receiver:
     def _store(
         self,
         path: Path,
-        command: Dataset,
+        command: Command | Dataset,
         syntax: str,
         peer: Peer,
         header: Header | None,
@@ -507,7 +508,9 @@ class IncomingInstance:
     only the flush to disk, the rename and the row remain before the answer.
     """
 
-    def __init__(self, receiver: Receiver, command: Dataset, syntax: str, peer: Peer) -> None:
+    def __init__(
+        self, receiver: Receiver, command: Command | Dataset, syntax: str, peer: Peer
+    ) -> None:
         self.receiver = receiver
         self.command = command
         self.syntax = syntax

@@ -6,7 +6,6 @@ import socket
 import struct
 import threading
 
-from pydicom import Dataset
 from pynetdicom.pdu import A_ASSOCIATE_RQ
 from pynetdicom.pdu_primitives import A_ASSOCIATE, MaximumLengthNotification
 from pynetdicom.presentation import PresentationContext, build_context
@@ -27,7 +26,7 @@ class _Acceptor:
     def admit(self, peer: Peer) -> tuple[int, int, int] | None:
         return None if peer.address == self.allowed_address else REJECT_CALLING_AE
 
-    def begin_store(self, command: Dataset, syntax: str, peer: Peer) -> Incoming:
+    def begin_store(self, command: dul.Command, syntax: str, peer: Peer) -> Incoming:
         raise AssertionError("no C-STORE in these tests")
 
 

@@ -72,3 +72,34 @@ def test_command_pdu_wraps_one_last_command_pdv() -> None:
     (pdv,) = list(dul.iter_pdvs(bytearray(pdu[6:])))
     assert (pdv.context_id, pdv.is_command, pdv.is_last) == (3, True, True)
     assert bytes(pdv.data) == command
+
+
+@pytest.mark.parametrize("with_instance", [True, False])
+def test_command_decoded_directly_reads_as_pydicom_reads_it(with_instance: bool) -> None:
+    request = _request(with_instance)
+    request.MoveOriginatorApplicationEntityTitle = "ODD_AE"
+    request.MoveOriginatorMessageID = 7
+    encoded = encode(request, True, True)
+    assert encoded is not None
+    raw = struct.pack("<HHLL", 0, 0, 4, len(encoded)) + encoded
+    ours = dul.decode_command(raw)
+    for element in request:
+        assert ours.get(element.keyword) == element.value, element.keyword
+    assert ("AffectedSOPInstanceUID" in ours) is with_instance
+    assert ours.get("Status", 0xFFFF) == 0xFFFF
+    # Answering it from the direct decoding gives pydicom's encoding of the answer.
+    assert dul.response(ours, dul.C_STORE_RSP, 0) == dul.response(request, dul.C_STORE_RSP, 0)
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        struct.pack("<HHL", 0, 0x0100, 2),  # value cut off
+        struct.pack("<HHL", 0, 0x0100, 4) + bytes(4),  # US of four bytes
+        struct.pack("<HHL", 8, 0x0016, 2) + b"CT",  # not group 0000
+        b"\x00\x00\x00",  # header cut off
+    ],
+)
+def test_malformed_command_is_a_protocol_error(raw: bytes) -> None:
+    with pytest.raises(dul.ProtocolError):
+        dul.decode_command(raw)
