@@ -15,13 +15,13 @@ from typing import TYPE_CHECKING
 
 import highdicom as hd
 import numpy as np
-import pydicom
 from numpy.typing import NDArray
 from pydicom.dataset import Dataset
 
 import imaging_ai
 from imaging_ai.errors import InvalidDataset, UnsupportedInput
 from imaging_ai.modelcard import CodedConcept
+from imaging_ai.outputs import headers
 from imaging_ai.outputs.uids import OutputUids
 from imaging_ai.postprocess import Lesion
 
@@ -193,13 +193,7 @@ class Report:
 
 def read_headers(paths: Iterable[Path]) -> list[Dataset]:
     """Headers (no pixel data) of the source files, to reference them in SEG and SR."""
-    headers: list[Dataset] = []
-    for path in paths:
-        try:
-            headers.append(pydicom.dcmread(path, stop_before_pixels=True))
-        except (pydicom.errors.InvalidDicomError, OSError) as exc:
-            raise InvalidDataset(f"file {path.name} is not a readable DICOM file ({exc})") from exc
-    return headers
+    return headers.read_headers(list(paths))
 
 
 def ordered_sources(
