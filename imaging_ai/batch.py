@@ -31,7 +31,7 @@ from typing import Protocol
 
 import numpy as np
 
-from imaging_ai.arena import SliceArena, SlotBatch, runs
+from imaging_ai.arena import ArenaRef, SliceArena, SlotBatch, runs
 from imaging_ai.errors import EngineError
 from imaging_ai.infer.base import BackendInfo, FloatArray
 
@@ -284,6 +284,11 @@ class Batcher:
     def info(self) -> BackendInfo:
         """The dispatcher's figures for this model."""
         return self._dispatch.info(self.model)
+
+    @property
+    def arena_ref(self) -> ArenaRef | None:
+        """What a worker needs to map this model's arena; None before `start`."""
+        return None if self._arena is None else self._arena.ref
 
     @property
     def slots(self) -> tuple[int, int]:

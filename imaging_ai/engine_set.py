@@ -89,6 +89,8 @@ class EngineSet:
         try:
             for batcher in self.batchers.values():
                 batcher.start()
+                if batcher.arena_ref is not None:
+                    self.pool.attach(batcher.arena_ref)
         except EngineError as exc:
             self.stop()
             raise StartupError(str(exc)) from exc

@@ -181,6 +181,13 @@ class _Task:
 
 
 @dataclass(frozen=True)
+class _Attach:
+    """Parent to worker: map (and on a GPU page-lock) this arena now, before its first batch."""
+
+    arena: ArenaRef
+
+
+@dataclass(frozen=True)
 class _Ready:
     """Worker to parent: every model loaded; their infos and output slice shapes."""
 
@@ -338,6 +345,12 @@ def _serve(conn: Connection, sets: list[dict[str, Engine]], parent_pid: int, sta
     def batches(runner: _Runner, index: int) -> None:
         while (got := pipe.next_task()) is not None:
             task, received = got
+            if isinstance(task, _Attach):  # page-locking 0.5 GB takes a first batch's time
+                try:
+                    arenas.get(task.arena)
+                except Exception as exc:  # the arena's first batch tries again, and says why
+                    log.warning("arena %s not mapped ahead: %s", task.arena.input_name, exc)
+                continue
             started = time.monotonic_ns()
             clock.start()
             result = _run_task(task, runner, arenas, sets)
@@ -376,7 +389,7 @@ class _Pipe:
         self._receiving, self._sending = threading.Lock(), threading.Lock()
         self._closed = False
 
-    def next_task(self) -> tuple[_Task, int] | None:
+    def next_task(self) -> tuple[_Task | _Attach, int] | None:
         """The next task and when it was read (ns); None once told to stop or orphaned."""
         with self._receiving:
             try:
@@ -607,6 +620,7 @@ class WorkerPool:
         self._out_shapes: dict[str, tuple[int, ...]] = {}
         self._phase = "new"  # new | starting | running | stopping | stopped
         self._traces: deque[BatchTrace] = deque(maxlen=_TRACES)
+        self._arenas: list[ArenaRef] = []  # announced to every worker as it becomes ready
         self._started_at = time.monotonic()
         self._watchdog: threading.Thread | None = None
 
@@ -755,6 +769,24 @@ class WorkerPool:
 
     def _alive_workers(self) -> bool:
         return any(w.state in ("starting", "ready") for w in self._workers)
+
+    def attach(self, ref: ArenaRef) -> None:
+        """Have every worker map `ref` now (and each restarted worker when it is ready).
+
+        A GPU worker page-locks an arena when it first sees it: about 0.2-0.7 s for a model's
+        arena on an H200, which the first study after a start used to wait for.
+        """
+        with self._cond:
+            self._arenas.append(ref)
+            for w in self._workers:
+                if w.state == "ready":
+                    self._announce(w, [ref])
+
+    def _announce(self, w: _Worker, refs: list[ArenaRef]) -> None:
+        assert w.conn is not None
+        with contextlib.suppress(OSError):  # a dead worker: the watchdog restarts it
+            for ref in refs:
+                w.conn.send(_Attach(ref))
 
     def release(self) -> None:
         """Give back a reservation that no batch used."""
@@ -932,6 +964,7 @@ class WorkerPool:
             w.state, w.infos, w.progress_at = "ready", message.infos, time.monotonic()
             self._out_shapes.update(message.output_shapes)
             log.info("inference worker %s ready (pid %s)", w.device, w.proc and w.proc.pid)
+            self._announce(w, self._arenas)
             self._pump()
             self._cond.notify_all()
 

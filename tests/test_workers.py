@@ -10,7 +10,7 @@ import time
 import types
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -563,3 +563,23 @@ def test_gpu_sessions_get_their_own_threads_and_their_fallbacks_do_not_spin(
     assert fallback.intra_op_threads == 3 and fallback.allow_spinning is spins  # type: ignore[attr-defined]
     with pytest.raises(ValueError, match="gpu_threads"):
         WorkerSpec((tiny.card.folder,), gpu_threads=-1)
+
+
+def test_an_attached_arena_is_mapped_before_its_first_batch(
+    tiny: TinyModel, pools: list[WorkerPool]
+) -> None:
+    pool = start_pool(tiny)
+    pools.append(pool)
+    results = Results(pool)
+    missing = replace(results.arena.ref, input_name="imaging-ai-no-such-arena")
+    pool.attach(missing)  # refused in the worker with a warning; the worker carries on
+    pool.attach(results.arena.ref)
+    wait_until(lambda: pool.status()[0].in_flight == 0)
+    time.sleep(0.5)  # the worker reads the attach messages
+    # With the names gone from /dev/shm, only an arena mapped ahead of its batch still works.
+    for shm in results.arena._buffers:
+        shm.unlink()
+    submit(pool, results, "a", batch(1.0, 2.0))
+    (out,) = results.wait("a")
+    assert not isinstance(out, BaseException) and out.shape[0] == 2
+    assert pool.status()[0].restarts == 0
