@@ -29,6 +29,7 @@ from imaging_ai.errors import OutOfResources, StartupError
 from imaging_ai.models_watch import ModelWatcher
 from imaging_ai.outbox import Outbox
 from imaging_ai.outputs.mllp import send_oru
+from imaging_ai.outputs.warm import warm_up_outputs
 from imaging_ai.process import Processor
 from imaging_ai.receive_pool import ReceiverPool, receiver_count
 from imaging_ai.schedule import Scheduler
@@ -122,6 +123,11 @@ class Daemon:
             ", ".join(f"{c.name} {c.version}" for c in (engines.lungs, engines.nodules)),
             engines.backend,
         )
+        # While the inference workers load and warm up their engines.
+        try:
+            log.info("result encoders warmed up in %.2f s", warm_up_outputs(self.config))
+        except Exception:
+            log.exception("warming up the result encoders failed; the first study pays for it")
         self.processor = Processor(self.sessions, self.scheduler, engines, self.config, self.outbox)
         orphans = self.scheduler.requeue_orphans()
         if orphans:

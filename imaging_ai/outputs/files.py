@@ -38,25 +38,36 @@ class ResultFiles:
     fhir: Path
 
 
-def write_results(
+@dataclass(frozen=True)
+class _Message:
+    """One ORU for one RIS."""
+
+    destination: str
+    control_id: str
+    data: bytes
+
+
+@dataclass(frozen=True)
+class EncodedResults:
+    """A job's result objects, encoded in memory and not written yet."""
+
+    seg_uid: str
+    seg: bytes | memoryview
+    sr_uid: str
+    sr: bytes | memoryview
+    messages: tuple[_Message, ...]
+    fhir: bytes
+
+
+def encode_results(
     analysis: Analysis,
-    sources: list[Path],
+    headers: Sequence[Dataset],
     job_id: int,
     created: datetime,
     impression: str,
     config: Config,
-    headers: Sequence[Dataset] | None = None,
-) -> ResultFiles:
-    """Build SEG, SR, ORU and FHIR for a job and write them; SEG comes first (SR refers to it).
-
-    ``headers`` are the sources' headers where the caller has read them already (reading 300
-    takes about 0.12 s); otherwise they are read here.
-    """
-    data_dir = Path(config.storage.data_dir)
-    folder = data_dir / "results" / analysis.volume.study_instance_uid / str(job_id)
-    folder.mkdir(parents=True, exist_ok=True)
-    if headers is None:
-        headers = read_headers(sources)
+) -> EncodedResults:
+    """Build SEG, SR, ORU and FHIR for a job in memory; SEG comes first (SR refers to it)."""
     uids = output_uids(analysis.volume.study_instance_uid, job_id)
     algorithm = Algorithm.from_analysis(
         analysis,
@@ -67,12 +78,9 @@ def write_results(
     sr = build_measurement_report(
         analysis, headers, seg, algorithm, uids, impression=impression, created=created
     )
-    payloads = [
-        Payload("seg", _save_dicom(seg.dataset, folder / "seg.dcm"), uids.seg_instance),
-        Payload("sr", _save_dicom(sr, folder / "sr.dcm"), uids.sr_instance),
-    ]
     report = build_report(analysis, headers, algorithm, uids, impression, created)
-    for n, ris in enumerate(config.outputs.ris):
+    messages = []
+    for ris in config.outputs.ris:
         key = ris_key(ris)
         control_id = uids.message_control_id(key)
         message = build_oru(
@@ -81,17 +89,53 @@ def write_results(
             receiving_facility=ris.receiving_facility,
             control_id=control_id,
         )
-        path = _save_bytes(folder / f"oru-{n}.hl7", message.encode("utf-8"))
-        payloads.append(Payload("oru", path, control_id, destination=key))
+        messages.append(_Message(key, control_id, message.encode("utf-8")))
     bundle = diagnostic_report_bundle(report)
-    fhir = _save_bytes(folder / "fhir.json", json.dumps(bundle, indent=1).encode("utf-8"))
+    return EncodedResults(
+        seg_uid=uids.seg_instance,
+        seg=_encode_dicom(seg.dataset),
+        sr_uid=uids.sr_instance,
+        sr=_encode_dicom(sr),
+        messages=tuple(messages),
+        fhir=json.dumps(bundle, indent=1).encode("utf-8"),
+    )
+
+
+def write_results(
+    analysis: Analysis,
+    sources: list[Path],
+    job_id: int,
+    created: datetime,
+    impression: str,
+    config: Config,
+    headers: Sequence[Dataset] | None = None,
+) -> ResultFiles:
+    """Build SEG, SR, ORU and FHIR for a job and write them.
+
+    ``headers`` are the sources' headers where the caller has read them already (reading 300
+    takes about 0.05 s); otherwise they are read here.
+    """
+    data_dir = Path(config.storage.data_dir)
+    folder = data_dir / "results" / analysis.volume.study_instance_uid / str(job_id)
+    folder.mkdir(parents=True, exist_ok=True)
+    if headers is None:
+        headers = read_headers(sources)
+    encoded = encode_results(analysis, headers, job_id, created, impression, config)
+    payloads = [
+        Payload("seg", _save_bytes(folder / "seg.dcm", encoded.seg), encoded.seg_uid),
+        Payload("sr", _save_bytes(folder / "sr.dcm", encoded.sr), encoded.sr_uid),
+    ]
+    for n, message in enumerate(encoded.messages):
+        path = _save_bytes(folder / f"oru-{n}.hl7", message.data)
+        payloads.append(Payload("oru", path, message.control_id, destination=message.destination))
+    fhir = _save_bytes(folder / "fhir.json", encoded.fhir)
     return ResultFiles(folder, tuple(payloads), fhir)
 
 
-def _save_dicom(dataset: Dataset, path: Path) -> Path:
+def _encode_dicom(dataset: Dataset) -> memoryview:
     buffer = BytesIO()
     dataset.save_as(buffer, enforce_file_format=True)
-    return _save_bytes(path, buffer.getbuffer())
+    return buffer.getbuffer()
 
 
 def _save_bytes(path: Path, data: bytes | memoryview) -> Path:
