@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
 # Sourced on the device by the last call of a sequence (scripts/device_issue34.sh and the
 # follow-up command in docs/benchmarks.md). The calls before it each carried one part of
-# onnxruntime-gpu 1.31.1 to /tmp/parts: the cp312 manylinux_2_28 wheel (sha256 05d548956197b9d0...,
+# onnxruntime-gpu 1.31.1 to /tmp/parts (built here by scripts/device_pack.sh): the cp312 manylinux_2_28 wheel (sha256 05d548956197b9d0...,
 # DEVICE.md) unzipped and packed as a .tar.xz (204 MB instead of 256 MB: four calls, not six),
 # split with `split -b 51100000 -d -a 1`. This checks the archive, unpacks it to /tmp/site, sets
 # PYTHONPATH and prints what the machine has.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
-want=1bea3f7262b1fe0d3f46b83461efbf821a2795e8f515c0994d049176af9ea035
+want=23686bcde749b196ed45508822007703ee80732a7f18139b128afd27ef139b74
 # A later script of the same sequence finds it unpacked already.
 if [ ! -f /tmp/site/.unpacked ]; then
     got=$(cat /tmp/parts/ortsite.part* | tee /tmp/ort-site.tar.xz | sha256sum | cut -c1-64)

@@ -13,9 +13,10 @@
 #
 # The part is read from the carried `.whl-parts/site2/` (the working tree, ~11.6 MB, and it fit
 # in one call's 64 MiB) or else from /tmp/parts, where an earlier call may have copied it.
+# Built here by scripts/device_pack.sh (deterministic: the hash below is what it makes).
 # This checks the archive, unpacks it to /tmp/site2 and puts it on PYTHONPATH after /tmp/site.
 set -uo pipefail
-want=371872a6ade3c2cb50d2c0dc5af40c619971b1dae8af83d7aee463b827b59885
+want=e957c00c7fc16c56475b55899655417eb27e94c80a3c474abd54c6fcea4e67fb
 parts=$(ls .whl-parts/site2/site2.part* 2>/dev/null || ls /tmp/parts/site2.part* 2>/dev/null)
 if [ -z "$parts" ]; then
     echo "site2: no .whl-parts/site2/site2.part* (carry .whl-parts/site2) nor /tmp/parts/site2.part*"
