@@ -28,6 +28,7 @@ from imaging_ai.engine_set import EngineSet
 from imaging_ai.errors import OutOfResources, StartupError
 from imaging_ai.models_watch import ModelWatcher
 from imaging_ai.outbox import Outbox
+from imaging_ai.outputs.messages import MessageBuilder
 from imaging_ai.outputs.mllp import send_oru
 from imaging_ai.outputs.warm import warm_up_outputs
 from imaging_ai.process import Processor
@@ -88,6 +89,8 @@ class Daemon:
             on_queued=self.scheduler.wake,
         )
         self.processor: Processor | None = None
+        # Makes HL7 and FHIR messages beside the SEG and SR encoding (outputs/messages.py).
+        self.messages = MessageBuilder()
         self.models = ModelWatcher(config.engines, Path(config.storage.data_dir), self._swap_models)
         self.outbox = Outbox(
             self.sessions, config, Path(config.storage.data_dir), hl7_sender=_send_hl7
@@ -125,10 +128,17 @@ class Daemon:
         )
         # While the inference workers load and warm up their engines.
         try:
-            log.info("result encoders warmed up in %.2f s", warm_up_outputs(self.config))
+            self.messages.start()
+        except OSError:
+            log.exception("cannot start the message process; messages are made in the daemon")
+        try:
+            seconds = warm_up_outputs(self.config, self.messages)
+            log.info("result encoders warmed up in %.2f s", seconds)
         except Exception:
             log.exception("warming up the result encoders failed; the first study pays for it")
-        self.processor = Processor(self.sessions, self.scheduler, engines, self.config, self.outbox)
+        self.processor = Processor(
+            self.sessions, self.scheduler, engines, self.config, self.outbox, messages=self.messages
+        )
         orphans = self.scheduler.requeue_orphans()
         if orphans:
             log.warning("%d job(s) of an earlier process of this node queued again", orphans)
@@ -288,6 +298,7 @@ class Daemon:
             self.processor.engines.pool.stop(timeout_s=self._time_left() / 2)
             self.processor.engines.stop()
         self.outbox.stop(timeout_s=self._time_left())
+        self.messages.stop()
         self.models.stop()
         self.engine.dispose()
         log.info("imaging-ai stopped")

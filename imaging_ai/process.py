@@ -22,6 +22,7 @@ from imaging_ai.errors import InvalidDataset, UnsupportedInput
 from imaging_ai.infer.base import BackendInfo, Engine, FloatArray
 from imaging_ai.outbox import Outbox
 from imaging_ai.outputs.files import ResultFiles, write_results
+from imaging_ai.outputs.messages import MessageBuilder
 from imaging_ai.schedule import Claim, Scheduler
 
 log = logging.getLogger(__name__)
@@ -62,8 +63,10 @@ class Processor:
         outbox: Outbox,
         poll_s: float = 0.5,
         max_in_flight: int = 2,
+        messages: MessageBuilder | None = None,
     ) -> None:
         self.sessions = sessions
+        self.messages = messages
         self.scheduler = scheduler
         self.engines = engines
         self.config = config
@@ -146,7 +149,9 @@ class Processor:
             steps = split_steps(analysis.timings_s, t, clocks)
             created, text = utcnow(), impression(analysis)
             t = time.perf_counter()
-            results = write_results(analysis, files, claim.job_id, created, text, self.config)
+            results = write_results(
+                analysis, files, claim.job_id, created, text, self.config, builder=self.messages
+            )
             timings = {**steps, "outputs": time.perf_counter() - t}
             faults.reach("after:outputs")
         except PERMANENT as exc:

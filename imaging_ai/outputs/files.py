@@ -8,7 +8,6 @@ same bytes (deterministic UIDs, pinned creation time), so a retry resends the sa
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -20,10 +19,9 @@ from pydicom.dataset import Dataset
 
 from imaging_ai.analyse import Analysis
 from imaging_ai.config import Config
-from imaging_ai.outbox import Payload, ris_key
+from imaging_ai.outbox import Payload
 from imaging_ai.outputs.common import Algorithm, build_report, read_headers
-from imaging_ai.outputs.fhir import diagnostic_report_bundle
-from imaging_ai.outputs.hl7 import build_oru
+from imaging_ai.outputs.messages import MessageBuilder, RisMessage, submit
 from imaging_ai.outputs.seg import encode_segmentation
 from imaging_ai.outputs.sr import build_measurement_report
 from imaging_ai.outputs.uids import output_uids
@@ -39,15 +37,6 @@ class ResultFiles:
 
 
 @dataclass(frozen=True)
-class _Message:
-    """One ORU for one RIS."""
-
-    destination: str
-    control_id: str
-    data: bytes
-
-
-@dataclass(frozen=True)
 class EncodedResults:
     """A job's result objects, encoded in memory and not written yet."""
 
@@ -55,7 +44,7 @@ class EncodedResults:
     seg: bytes | memoryview
     sr_uid: str
     sr: bytes | memoryview
-    messages: tuple[_Message, ...]
+    messages: tuple[RisMessage, ...]
     fhir: bytes
 
 
@@ -66,38 +55,34 @@ def encode_results(
     created: datetime,
     impression: str,
     config: Config,
+    builder: MessageBuilder | None = None,
 ) -> EncodedResults:
-    """Build SEG, SR, ORU and FHIR for a job in memory; SEG comes first (SR refers to it)."""
+    """Build SEG, SR, ORU and FHIR for a job in memory; SEG comes first (SR refers to it).
+
+    With a ``builder`` the ORUs and the FHIR bundle are made in its process while this one
+    encodes the SEG and the SR.
+    """
     uids = output_uids(analysis.volume.study_instance_uid, job_id)
     algorithm = Algorithm.from_analysis(
         analysis,
         device_serial_number=config.storage.node,
         institution_name=config.outputs.institution,
     )
+    report = build_report(analysis, headers, algorithm, uids, impression, created)
+    pending = submit(builder, report, config.outputs.ris)
     seg = encode_segmentation(analysis, headers, algorithm, uids, created=created)
     sr = build_measurement_report(
         analysis, headers, seg, algorithm, uids, impression=impression, created=created
     )
-    report = build_report(analysis, headers, algorithm, uids, impression, created)
-    messages = []
-    for ris in config.outputs.ris:
-        key = ris_key(ris)
-        control_id = uids.message_control_id(key)
-        message = build_oru(
-            report,
-            receiving_application=ris.receiving_application,
-            receiving_facility=ris.receiving_facility,
-            control_id=control_id,
-        )
-        messages.append(_Message(key, control_id, message.encode("utf-8")))
-    bundle = diagnostic_report_bundle(report)
+    seg_bytes, sr_bytes = _encode_dicom(seg.dataset), _encode_dicom(sr)
+    messages = pending.result()
     return EncodedResults(
         seg_uid=uids.seg_instance,
-        seg=_encode_dicom(seg.dataset),
+        seg=seg_bytes,
         sr_uid=uids.sr_instance,
-        sr=_encode_dicom(sr),
-        messages=tuple(messages),
-        fhir=json.dumps(bundle, indent=1).encode("utf-8"),
+        sr=sr_bytes,
+        messages=messages.orus,
+        fhir=messages.fhir,
     )
 
 
@@ -109,18 +94,19 @@ def write_results(
     impression: str,
     config: Config,
     headers: Sequence[Dataset] | None = None,
+    builder: MessageBuilder | None = None,
 ) -> ResultFiles:
     """Build SEG, SR, ORU and FHIR for a job and write them.
 
     ``headers`` are the sources' headers where the caller has read them already (reading 300
-    takes about 0.05 s); otherwise they are read here.
+    takes about 0.05 s); otherwise they are read here. ``builder``: see :func:`encode_results`.
     """
     data_dir = Path(config.storage.data_dir)
     folder = data_dir / "results" / analysis.volume.study_instance_uid / str(job_id)
     folder.mkdir(parents=True, exist_ok=True)
     if headers is None:
         headers = read_headers(sources)
-    encoded = encode_results(analysis, headers, job_id, created, impression, config)
+    encoded = encode_results(analysis, headers, job_id, created, impression, config, builder)
     payloads = [
         Payload("seg", _save_bytes(folder / "seg.dcm", encoded.seg), encoded.seg_uid),
         Payload("sr", _save_bytes(folder / "sr.dcm", encoded.sr), encoded.sr_uid),

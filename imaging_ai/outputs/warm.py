@@ -22,6 +22,7 @@ from imaging_ai.analyse import Analysis
 from imaging_ai.config import Config
 from imaging_ai.outputs.common import read_headers
 from imaging_ai.outputs.files import EncodedResults, encode_results
+from imaging_ai.outputs.messages import MessageBuilder
 from imaging_ai.phantom import PhantomSpec, generate, write_study
 from imaging_ai.postprocess import LESION, measure, organ_volumes_ml
 from imaging_ai.volume import Volume, load_series
@@ -32,8 +33,10 @@ _SLICES = 4
 _WARM_JOB = 0  # job ids start at 1: the warm-up's UIDs are never a real job's
 
 
-def warm_up_outputs(config: Config) -> float:
+def warm_up_outputs(config: Config, builder: MessageBuilder | None = None) -> float:
     """Encode a SEG, SR, ORU and FHIR bundle of a small phantom; return the seconds it took.
+
+    With a ``builder`` its process makes the messages, which warms it up too.
 
     Raises whatever the encoders raise: a failure here would fail every study too, and the
     caller decides whether that stops the start.
@@ -46,7 +49,8 @@ def warm_up_outputs(config: Config) -> float:
         volume = load_series(paths, workers=1)
         headers = read_headers(paths)
     analysis = _analysis(volume, phantom.lung_labels)
-    encoded = encode_results(analysis, headers, _WARM_JOB, datetime.now(UTC), "warm-up", config)
+    when = datetime.now(UTC)
+    encoded = encode_results(analysis, headers, _WARM_JOB, when, "warm-up", config, builder)
     _check(encoded)
     return time.perf_counter() - started
 
