@@ -430,8 +430,18 @@ def _nearest_side(idx: NDArray[np.intp], lungs: NDArray[np.uint8]) -> str:
 
 
 def organ_volumes_ml(labels: NDArray[np.uint8], volume: Volume) -> dict[str, float]:
-    """Volume of each lung in mL."""
+    """Volume of each lung in mL (counted by slabs on several threads: a 300-slice label map
+    is 78 MB, which one thread takes ~0.1 s to compare and count twice)."""
+
+    def count(start: int) -> list[int]:
+        part = labels[start : start + _SLAB]
+        return [int(np.count_nonzero(part == value)) for value in SIDES]
+
+    totals = [0] * len(SIDES)
+    with ThreadPoolExecutor(cpu_threads(), thread_name_prefix="volumes") as pool:
+        for counts in pool.map(count, range(0, len(labels), _SLAB)):
+            totals = [a + b for a, b in zip(totals, counts, strict=True)]
     return {
-        f"{side} lung": float((labels == value).sum() * volume.voxel_volume_ml)
-        for value, side in SIDES.items()
+        f"{side} lung": float(n * volume.voxel_volume_ml)
+        for side, n in zip(SIDES.values(), totals, strict=True)
     }

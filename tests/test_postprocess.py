@@ -191,3 +191,14 @@ def test_organ_volumes() -> None:
     voxel = 0.7 * 0.7 * 1.25 / 1000
     assert vols["right lung"] == pytest.approx(200 * voxel)
     assert vols["left lung"] == pytest.approx(100 * voxel)
+
+
+def test_organ_volumes_counted_by_slabs_match_a_plain_count() -> None:
+    # More slices than one slab (16), and a last slab that is not full.
+    volume = make_volume((41, 10, 10))
+    rng = np.random.default_rng(3)
+    labels = rng.integers(0, 4, size=(41, 10, 10)).astype(np.uint8)
+    vols = organ_volumes_ml(labels, volume)
+    voxel = 0.7 * 0.7 * 1.25 / 1000
+    assert vols["right lung"] == pytest.approx(np.count_nonzero(labels == RIGHT_LUNG) * voxel)
+    assert vols["left lung"] == pytest.approx(np.count_nonzero(labels == LEFT_LUNG) * voxel)

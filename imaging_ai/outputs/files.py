@@ -9,7 +9,8 @@ same bytes (deterministic UIDs, pinned creation time), so a retry resends the sa
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime
 from io import BytesIO
@@ -56,12 +57,15 @@ def encode_results(
     impression: str,
     config: Config,
     builder: MessageBuilder | None = None,
+    encoded: Callable[[str, bytes | memoryview], object] | None = None,
 ) -> EncodedResults:
     """Build SEG, SR, ORU and FHIR for a job in memory; SEG comes first (SR refers to it).
 
     With a ``builder`` the ORUs and the FHIR bundle are made in its process while this one
-    encodes the SEG and the SR.
+    encodes the SEG and the SR. ``encoded(name, data)`` is called as each object is ready
+    ("seg", "sr", "oru-<n>", "fhir"), so that it can be written while the next is encoded.
     """
+    ready = encoded or (lambda name, data: None)
     uids = output_uids(analysis.volume.study_instance_uid, job_id)
     algorithm = Algorithm.from_analysis(
         analysis,
@@ -71,11 +75,17 @@ def encode_results(
     report = build_report(analysis, headers, algorithm, uids, impression, created)
     pending = submit(builder, report, config.outputs.ris)
     seg = encode_segmentation(analysis, headers, algorithm, uids, created=created)
+    seg_bytes = _encode_dicom(seg.dataset)
+    ready("seg", seg_bytes)
     sr = build_measurement_report(
         analysis, headers, seg, algorithm, uids, impression=impression, created=created
     )
-    seg_bytes, sr_bytes = _encode_dicom(seg.dataset), _encode_dicom(sr)
+    sr_bytes = _encode_dicom(sr)
+    ready("sr", sr_bytes)
     messages = pending.result()
+    for n, message in enumerate(messages.orus):
+        ready(f"oru-{n}", message.data)
+    ready("fhir", messages.fhir)
     return EncodedResults(
         seg_uid=uids.seg_instance,
         seg=seg_bytes,
@@ -106,16 +116,34 @@ def write_results(
     folder.mkdir(parents=True, exist_ok=True)
     if headers is None:
         headers = read_headers(sources)
-    encoded = encode_results(analysis, headers, job_id, created, impression, config, builder)
+    # Each object is written (write + fsync, both without the GIL) while the next is encoded.
+    with ThreadPoolExecutor(4, thread_name_prefix="results-write") as pool:
+        written: dict[str, Future[Path]] = {}
+
+        def write(name: str, data: bytes | memoryview) -> None:
+            written[name] = pool.submit(_save_bytes, folder / _file_name(name), data)
+
+        encoded = encode_results(
+            analysis, headers, job_id, created, impression, config, builder, write
+        )
+        paths = {name: future.result() for name, future in written.items()}
     payloads = [
-        Payload("seg", _save_bytes(folder / "seg.dcm", encoded.seg), encoded.seg_uid),
-        Payload("sr", _save_bytes(folder / "sr.dcm", encoded.sr), encoded.sr_uid),
+        Payload("seg", paths["seg"], encoded.seg_uid),
+        Payload("sr", paths["sr"], encoded.sr_uid),
     ]
     for n, message in enumerate(encoded.messages):
-        path = _save_bytes(folder / f"oru-{n}.hl7", message.data)
-        payloads.append(Payload("oru", path, message.control_id, destination=message.destination))
-    fhir = _save_bytes(folder / "fhir.json", encoded.fhir)
+        payloads.append(
+            Payload("oru", paths[f"oru-{n}"], message.control_id, destination=message.destination)
+        )
+    fhir = paths["fhir"]
     return ResultFiles(folder, tuple(payloads), fhir)
+
+
+_FILE_NAMES = {"seg": "seg.dcm", "sr": "sr.dcm", "fhir": "fhir.json"}
+
+
+def _file_name(name: str) -> str:
+    return _FILE_NAMES.get(name) or f"{name}.hl7"
 
 
 def _encode_dicom(dataset: Dataset) -> memoryview:
