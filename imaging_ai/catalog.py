@@ -172,7 +172,18 @@ class Catalog:
         A database error is raised as SQLAlchemy's (the C-STORE handler maps those to
         0xA700); a connection the error shows to be broken is dropped from the pool.
         """
-        raw = self.engine.raw_connection()
+        try:
+            # The pool's own connect: unlike a Connection's, its errors are the driver's.
+            raw = self.engine.raw_connection()
+        except self._dbapi_error as exc:
+            raise DBAPIError.instance(
+                "connecting for the catalog row of an instance",
+                None,
+                exc,
+                self._dbapi_error,
+                connection_invalidated=True,
+                dialect=self.engine.dialect,
+            ) from exc
         try:
             cursor = raw.cursor()
             try:

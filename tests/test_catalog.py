@@ -143,3 +143,20 @@ def test_database_error_on_the_row_is_sqlalchemys(engine: Engine, tmp_path: Path
     assert catalog.record(meta("1.4.2"), "b", 10, T0) is False
     with Session(engine) as s:
         assert len(s.scalars(select(Instance)).all()) == 2
+
+
+def test_a_database_that_cannot_be_reached_is_sqlalchemys_error(
+    engine: Engine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # When the server has gone, the pool's reconnect raises the driver's own error (psycopg's
+    # "connection failed", seen in tests/reliability/test_outages.py); the C-STORE handler must
+    # still get SQLAlchemy's, which it answers with 0xA700.
+    catalog = make_catalog(engine, tmp_path)
+    catalog.record(meta("1.4.1"), "a", 10, T0)  # the study's and series' rows are known now
+
+    def gone() -> None:
+        raise engine.dialect.loaded_dbapi.OperationalError("connection failed")
+
+    monkeypatch.setattr(engine, "raw_connection", gone)
+    with pytest.raises(SQLAlchemyError):
+        catalog.record(meta("1.4.2"), "b", 10, T0)
