@@ -15,7 +15,9 @@ from __future__ import annotations
 import json
 import logging
 import multiprocessing
+import os
 import threading
+import time
 from collections.abc import Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
@@ -100,7 +102,9 @@ class MessageBuilder:
         with self._lock:
             if self._pool is None:
                 context = multiprocessing.get_context("spawn")
-                self._pool = ProcessPoolExecutor(1, mp_context=context)
+                self._pool = ProcessPoolExecutor(
+                    1, mp_context=context, initializer=_exit_with, initargs=(os.getpid(),)
+                )
 
     def submit(self, report: Report, destinations: Sequence[RisDestination]) -> Pending:
         """Start making the messages of ``report``; :meth:`Pending.result` gives them."""
@@ -132,6 +136,21 @@ class MessageBuilder:
             pool, self._pool = self._pool, None
         if pool is not None:
             pool.shutdown(wait=True)
+
+
+def _exit_with(parent: int) -> None:
+    """In the helper process: exit when the daemon has gone (a SIGKILL leaves no one to stop
+    the pool, and the pool's queue would keep an orphan waiting for ever)."""
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(_PARENT_POLL_S)
+        os._exit(0)
+
+    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
+
+
+_PARENT_POLL_S = 0.5
 
 
 def submit(

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
+import time
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -61,3 +64,40 @@ def test_a_dead_helper_process_loses_no_message(study: Study, builder: MessageBu
     assert builder.submit(report, RIS).result() == build_messages(report, RIS)
     assert builder.submit(report, RIS).result() == build_messages(report, RIS)
     assert builder._pool is not None and builder._pool is not pool
+
+
+def test_the_helper_process_exits_when_the_daemon_is_killed(tmp_path: Path) -> None:
+    # A SIGKILLed daemon cannot stop its pool: the helper process must notice on its own.
+    script = (
+        "import sys, time\n"
+        "from imaging_ai.outputs.messages import MessageBuilder\n"
+        "if __name__ == '__main__':\n"
+        "    b = MessageBuilder(); b.start()\n"
+        "    b._pool.submit(int, '1').result()\n"
+        "    print(*b._pool._processes, flush=True)\n"
+        "    time.sleep(60)\n"
+    )
+    (tmp_path / "daemon.py").write_text(script)
+    proc = subprocess.Popen(
+        [sys.executable, str(tmp_path / "daemon.py")], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert proc.stdout is not None
+        (helper,) = (int(pid) for pid in proc.stdout.readline().split())
+        assert _alive(helper)
+        proc.kill()
+        proc.wait()
+        deadline = time.monotonic() + 10
+        while _alive(helper) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not _alive(helper), "the helper process outlived the daemon"
+    finally:
+        proc.kill()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
