@@ -158,6 +158,11 @@ class PacsDestination:
     port: int
     tls: bool = False
 
+    @property
+    def key(self) -> str:
+        """The destination column of its deliveries."""
+        return f"pacs:{self.ae_title}@{self.host}:{self.port}"
+
 
 @dataclass(frozen=True)
 class RisDestination:
@@ -167,6 +172,11 @@ class RisDestination:
     port: int
     receiving_application: str = "RIS"
     receiving_facility: str = "HOSPITAL"
+
+    @property
+    def key(self) -> str:
+        """The destination column of its deliveries."""
+        return f"ris:{self.host}:{self.port}"
 
 
 @dataclass(frozen=True)

@@ -51,12 +51,12 @@ class Payload:
 
 def pacs_key(dest: PacsDestination) -> str:
     """The destination column of a PACS delivery."""
-    return f"pacs:{dest.ae_title}@{dest.host}:{dest.port}"
+    return dest.key
 
 
 def ris_key(dest: RisDestination) -> str:
     """The destination column of a RIS delivery."""
-    return f"ris:{dest.host}:{dest.port}"
+    return dest.key
 
 
 def backoff_s(attempts: int, low: float, high: float) -> float:

@@ -8,7 +8,6 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 import numpy as np
-import SimpleITK as sitk
 from numpy.typing import NDArray
 
 from imaging_ai.mapback import MapBack
@@ -266,6 +265,10 @@ def connected_components(
     mask: NDArray[np.bool_], volume: Volume, min_voxels: int
 ) -> list[NDArray[np.intp]]:
     """Voxel indices (n, 3: slice, row, col) of each 26-connected component, largest first."""
+    # Imported here: the outputs' helper process reads this module's Lesion and need not load
+    # SimpleITK (~110 MB resident); the daemon has loaded it already (analyse.py).
+    import SimpleITK as sitk
+
     image = sitk.GetImageFromArray(mask.astype(np.uint8))
     # SimpleITK's wrappers carry no annotations.
     image.SetSpacing(volume.spacing_mm)  # type: ignore[no-untyped-call]

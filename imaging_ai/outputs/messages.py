@@ -24,7 +24,6 @@ from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 
 from imaging_ai.config import RisDestination
-from imaging_ai.outbox import ris_key
 from imaging_ai.outputs.common import Report
 from imaging_ai.outputs.fhir import diagnostic_report_bundle
 from imaging_ai.outputs.hl7 import build_oru
@@ -53,7 +52,7 @@ def build_messages(report: Report, destinations: Sequence[RisDestination]) -> Me
     """Make the ORUs and the FHIR bundle of ``report`` (in whichever process calls it)."""
     orus = []
     for ris in destinations:
-        key = ris_key(ris)
+        key = ris.key  # as outbox.ris_key: the outbox and SQLAlchemy stay out of the helper
         control_id = report.uids.message_control_id(key)
         message = build_oru(
             report,
