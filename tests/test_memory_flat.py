@@ -26,8 +26,9 @@ SLICES = 6
 MARGIN_MB = 40.0  # allocator noise between rounds; one study's arrays alone are about 50 MiB
 
 
-def tree_rss_mb(root: int) -> float:
-    """Resident memory (VmRSS) of a process and all its descendants, in MiB."""
+def tree_rss_by_process(root: int) -> dict[str, float]:
+    """VmRSS in MiB of a process and each descendant, keyed "pid name" (for the failure
+    message: which process grew)."""
     children: dict[int, list[int]] = {}
     for entry in os.listdir("/proc"):
         if entry.isdigit():
@@ -37,7 +38,7 @@ def tree_rss_mb(root: int) -> float:
                 continue
             ppid = int(stat.rsplit(")", 1)[1].split()[1])
             children.setdefault(ppid, []).append(int(entry))
-    total, todo = 0, [root]
+    out, todo = {}, [root]
     while todo:
         pid = todo.pop()
         todo += children.get(pid, [])
@@ -45,9 +46,10 @@ def tree_rss_mb(root: int) -> float:
             status = Path(f"/proc/{pid}/status").read_text()
         except OSError:
             continue
-        rss = [line.split()[1] for line in status.splitlines() if line.startswith("VmRSS:")]
-        total += int(rss[0]) if rss else 0
-    return total / 1024
+        fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
+        rss = fields.get("VmRSS", "0 kB").split()[0]
+        out[f"{pid} {fields.get('Name', '?').strip()}"] = int(rss) / 1024
+    return out
 
 
 def clone(template: Path, dest: Path, k: int) -> list[Path]:
@@ -84,17 +86,24 @@ def daemon(tmp_path: Path) -> Iterator[DaemonProcess]:
     assert d.stop() == 0, d.log()
 
 
-def run_round(daemon: DaemonProcess, files: list[Path], done_before: int, n: int) -> float:
-    """Send `n` studies at once; the peak resident memory until all of them are done."""
+def run_round(
+    daemon: DaemonProcess, files: list[Path], done_before: int, n: int
+) -> tuple[float, dict[str, float]]:
+    """Send `n` studies at once; the peak resident memory until all of them are done, and
+    each process's share at that peak."""
     assert daemon.proc is not None
     daemon.send(files)
-    peak, end = 0.0, time.monotonic() + 60 + 20 * n
-    while sum(s["state"] in ("done", "failed") for s in daemon.studies()) < done_before + n:
+    peak: tuple[float, dict[str, float]] = (0.0, {})
+    end = time.monotonic() + 60 + 20 * n
+    while True:
+        sample = tree_rss_by_process(daemon.proc.pid)
+        peak = max(peak, (sum(sample.values()), sample), key=lambda p: p[0])
+        if sum(s["state"] in ("done", "failed") for s in daemon.studies()) >= done_before + n:
+            break
         assert time.monotonic() < end, daemon.log()[-3000:]
-        peak = max(peak, tree_rss_mb(daemon.proc.pid))
         time.sleep(0.25)
     assert not [s for s in daemon.studies() if s["state"] == "failed"], daemon.studies()
-    return max(peak, tree_rss_mb(daemon.proc.pid))
+    return peak
 
 
 def check_flat(daemon: DaemonProcess, template: Path, tmp_path: Path, rounds: list[int]) -> None:
@@ -107,8 +116,15 @@ def check_flat(daemon: DaemonProcess, template: Path, tmp_path: Path, rounds: li
             k += 1
         peaks.append(run_round(daemon, files, done, n))
         done += n
-    measured = peaks[1:]
-    assert max(measured) <= measured[0] + MARGIN_MB, f"peak MiB per round {peaks} for {rounds}"
+    measured = [total for total, _ in peaks[1:]]
+    by_process = "; ".join(
+        f"round {i}: " + ", ".join(f"{k} {v:.0f}" for k, v in sorted(parts.items()))
+        for i, (_, parts) in enumerate(peaks)
+    )
+    assert max(measured) <= measured[0] + MARGIN_MB, (
+        f"peak MiB per round {[round(t, 1) for t, _ in peaks]} for {rounds}; "
+        f"MiB by process at each peak: {by_process}"
+    )
 
 
 def test_memory_stays_flat_over_rounds_of_queued_studies(
