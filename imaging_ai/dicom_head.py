@@ -23,21 +23,24 @@ UNDEFINED_LENGTH = 0xFFFFFFFF
 _SPECIFIC_CHARACTER_SET = 0x00080005
 _REQUEST_ATTRIBUTES_SEQUENCE = 0x00400275
 # Explicit VR little endian: these VRs have two reserved bytes and a 4-byte length.
-_LONG_VRS = {
-    b"OB",
-    b"OD",
-    b"OF",
-    b"OL",
-    b"OV",
-    b"OW",
-    b"SQ",
-    b"SV",
-    b"UC",
-    b"UN",
-    b"UR",
-    b"UT",
-    b"UV",
-}
+# Explicit VR little endian: these VRs have two reserved bytes and a 4-byte length.
+LONG_VRS = frozenset(
+    {
+        b"OB",
+        b"OD",
+        b"OF",
+        b"OL",
+        b"OV",
+        b"OW",
+        b"SQ",
+        b"SV",
+        b"UC",
+        b"UN",
+        b"UR",
+        b"UT",
+        b"UV",
+    }
+)
 _TEXT_VRS = {
     "AE",
     "AS",
@@ -186,7 +189,7 @@ def _elements(data: bytes, explicit: bool, start: int, end: int) -> Iterator[tup
     while offset + 8 <= end:
         if explicit:
             group, element, vr, length = _TAG_VR_LENGTH.unpack_from(data, offset)
-            if vr in _LONG_VRS:
+            if vr in LONG_VRS:
                 if offset + 12 > end:
                     return
                 (length,) = _LONG_LENGTH.unpack_from(data, offset + 8)

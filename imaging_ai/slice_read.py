@@ -22,15 +22,11 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
+from imaging_ai.dicom_head import LONG_VRS, PIXEL_DATA, UNDEFINED_LENGTH
+
 _EXPLICIT, _IMPLICIT = "1.2.840.10008.1.2.1", "1.2.840.10008.1.2"
 CT_IMAGE_STORAGE = "1.2.840.10008.5.1.4.1.1.2"
-_PIXEL_DATA = 0x7FE00010
-_UNDEFINED = 0xFFFFFFFF
 _TRANSFER_SYNTAX = 0x00020010
-# Explicit VR little endian: these VRs have two reserved bytes and a 4-byte length.
-_LONG_VRS = frozenset(
-    {b"OB", b"OD", b"OF", b"OL", b"OV", b"OW", b"SQ", b"SV", b"UC", b"UN", b"UR", b"UT", b"UV"}
-)
 _SHORT = struct.Struct("<HH2sH")
 _IMPLICIT_HEAD = struct.Struct("<HHL")
 _LONG = struct.Struct("<L")
@@ -86,13 +82,13 @@ def series_uid(path: Path) -> str | None:
 def read_plain(path: Path) -> PlainSlice | None:
     """The file as a PlainSlice, or None where it is not the plain case (see the module)."""
     data = path.read_bytes()
-    raw = _walk(data, stop_at=_PIXEL_DATA)
-    if raw is None or _PIXEL_DATA not in raw:
+    raw = _walk(data, stop_at=PIXEL_DATA)
+    if raw is None or PIXEL_DATA not in raw:
         return None
     values = _values(raw)
     if values is None or not _plain(values):
         return None
-    pixels = _pixels(raw[_PIXEL_DATA], values)
+    pixels = _pixels(raw[PIXEL_DATA], values)
     return None if pixels is None else PlainSlice(values, pixels)
 
 
@@ -111,7 +107,7 @@ def _walk(data: bytes, stop_at: int) -> Raw | None:
     raw: Raw = {}
     view = memoryview(data)
     for tag, at, length in _elements(data, offset, syntax == _EXPLICIT):
-        if length == _UNDEFINED or at + length > len(data):
+        if length == UNDEFINED_LENGTH or at + length > len(data):
             return None  # a sequence to walk item by item, encapsulated pixels, or truncated
         if tag in _TEXT or tag in _US:
             raw[tag] = data[at : at + length]
@@ -119,7 +115,7 @@ def _walk(data: bytes, stop_at: int) -> Raw | None:
             if tag == stop_at:
                 raw[tag] = view[at : at + length]
             return raw
-    return raw if stop_at != _PIXEL_DATA else None
+    return raw if stop_at != PIXEL_DATA else None
 
 
 def _dataset_start(data: bytes) -> tuple[int, str] | None:
@@ -131,7 +127,7 @@ def _dataset_start(data: bytes) -> tuple[int, str] | None:
     for tag, at, length in _elements(data, 132, explicit=True):
         if tag >> 16 != 0x0002:
             break
-        if length == _UNDEFINED:
+        if length == UNDEFINED_LENGTH:
             return None
         if tag == _TRANSFER_SYNTAX:
             syntax = _ascii(data[at : at + length]) or ""
@@ -148,7 +144,7 @@ def _elements(data: bytes, offset: int, explicit: bool) -> Iterator[tuple[int, i
             if not (vr.isalpha() and vr.isupper()):
                 return  # not explicit VR after all (pydicom detects that and reads it anyway)
             offset += 8
-            if vr in _LONG_VRS:
+            if vr in LONG_VRS:
                 if offset + 4 > end:
                     return
                 (length,) = _LONG.unpack_from(data, offset)
@@ -157,7 +153,7 @@ def _elements(data: bytes, offset: int, explicit: bool) -> Iterator[tuple[int, i
             group, element, length = _IMPLICIT_HEAD.unpack_from(data, offset)
             offset += 8
         yield group << 16 | element, offset, length
-        if length == _UNDEFINED:
+        if length == UNDEFINED_LENGTH:
             return
         offset += length
 
