@@ -49,16 +49,6 @@ class Payload:
     destination: str = ""  # one destination key, or "" for every destination of its kind
 
 
-def pacs_key(dest: PacsDestination) -> str:
-    """The destination column of a PACS delivery."""
-    return dest.key
-
-
-def ris_key(dest: RisDestination) -> str:
-    """The destination column of a RIS delivery."""
-    return dest.key
-
-
 def backoff_s(attempts: int, low: float, high: float) -> float:
     """Seconds before the next try: doubling from ``low``, capped at ``high``, with jitter
     so that many deliveries to one recovered RIS do not all return at the same second."""
@@ -79,8 +69,8 @@ class Outbox:
         self.sessions = sessions
         self.config = config
         self.data_dir = data_dir
-        self.pacs = {pacs_key(d): d for d in config.outputs.pacs}
-        self.ris = {ris_key(d): d for d in config.outputs.ris}
+        self.pacs = {d.key: d for d in config.outputs.pacs}
+        self.ris = {d.key: d for d in config.outputs.ris}
         self.hl7_sender = hl7_sender
         # How long a claimed row waits before another node (or this one, restarted after a
         # crash mid-send) may try it again: as long as a node may be silent before its jobs

@@ -25,7 +25,7 @@ from imaging_ai.config import (
 from imaging_ai.db.models import AuditEvent, Delivery, Study
 from imaging_ai.db.session import session_factory
 from imaging_ai.errors import DeliveryError
-from imaging_ai.outbox import Outbox, Payload, backoff_s, pacs_key
+from imaging_ai.outbox import Outbox, Payload, backoff_s
 from tests.conftest import wait_until
 from tests.dicom_factory import ct_series
 
@@ -161,7 +161,7 @@ def test_backoff_grows_and_caps() -> None:
 
 
 def test_destination_key() -> None:
-    assert pacs_key(PacsDestination("PACS", "10.1.1.1", 104)) == "pacs:PACS@10.1.1.1:104"
+    assert PacsDestination("PACS", "10.1.1.1", 104).key == "pacs:PACS@10.1.1.1:104"
 
 
 def test_the_sender_is_woken_only_once_the_rows_are_committed(
