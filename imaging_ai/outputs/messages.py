@@ -18,8 +18,8 @@ import multiprocessing
 import os
 import threading
 import time
-from collections.abc import Sequence
-from concurrent.futures import Future, ProcessPoolExecutor
+from collections.abc import Callable, Sequence
+from concurrent.futures import CancelledError, Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 
@@ -52,7 +52,7 @@ def build_messages(report: Report, destinations: Sequence[RisDestination]) -> Me
     """Make the ORUs and the FHIR bundle of ``report`` (in whichever process calls it)."""
     orus = []
     for ris in destinations:
-        key = ris.key  # as outbox.ris_key: the outbox and SQLAlchemy stay out of the helper
+        key = ris.key
         control_id = report.uids.message_control_id(key)
         message = build_oru(
             report,
@@ -73,19 +73,18 @@ class Pending:
         future: Future[Messages] | None,
         report: Report,
         destinations: Sequence[RisDestination],
-        builder: MessageBuilder | None,
+        on_broken: Callable[[], None],
     ) -> None:
         self._future, self._report, self._destinations = future, report, destinations
-        self._builder = builder
+        self._on_broken = on_broken
 
     def result(self) -> Messages:
         """The messages; made here if the helper process failed."""
         if self._future is not None:
             try:
                 return self._future.result()
-            except BrokenProcessPool:
-                if self._builder is not None:
-                    self._builder.broken()
+            except (BrokenProcessPool, CancelledError):
+                self._on_broken()
         return build_messages(self._report, self._destinations)
 
 
@@ -109,21 +108,24 @@ class MessageBuilder:
         """Start making the messages of ``report``; :meth:`Pending.result` gives them."""
         with self._lock:
             pool = self._pool
+        if pool is None:
+            return Pending(None, report, destinations, _nothing)
         future = None
-        if pool is not None:
-            try:
-                future = pool.submit(build_messages, report, tuple(destinations))
-            except (BrokenProcessPool, RuntimeError):
-                self.broken()
-        return Pending(future, report, destinations, self)
+        try:
+            future = pool.submit(build_messages, report, tuple(destinations))
+        except (BrokenProcessPool, RuntimeError):
+            self._replace(pool)
+        return Pending(future, report, destinations, lambda: self._replace(pool))
 
-    def broken(self) -> None:
-        """The helper process died: start a new one for the next report."""
-        log.warning("the process that makes HL7 and FHIR messages died; starting a new one")
+    def _replace(self, broken: ProcessPoolExecutor) -> None:
+        """``broken``'s process died: start a new one for the next reports, once however many
+        reports were in flight on it (and not after :meth:`stop`)."""
         with self._lock:
-            pool, self._pool = self._pool, None
-        if pool is not None:
-            pool.shutdown(wait=False, cancel_futures=True)
+            if self._pool is not broken:
+                return
+            self._pool = None
+        log.warning("the process that makes HL7 and FHIR messages died; starting a new one")
+        broken.shutdown(wait=False, cancel_futures=True)
         try:
             self.start()
         except OSError:
@@ -157,5 +159,9 @@ def submit(
 ) -> Pending:
     """The messages of ``report`` from ``builder``'s process, or made here without one."""
     if builder is None:
-        return Pending(None, report, destinations, None)
+        return Pending(None, report, destinations, _nothing)
     return builder.submit(report, destinations)
+
+
+def _nothing() -> None:
+    pass
