@@ -101,3 +101,25 @@ def _alive(pid: int) -> bool:
     except OSError:
         return False
     return state != "Z"
+
+
+def test_reports_in_flight_when_the_helper_dies_start_one_new_process(
+    study: Study, builder: MessageBuilder
+) -> None:
+    report = build_report(study.analysis, study.headers, ALGORITHM, study.uids, IMPRESSION, CREATED)
+    builder.submit(report, RIS).result()
+    pool = builder._pool
+    assert pool is not None
+    in_flight = [builder.submit(report, RIS) for _ in range(3)]
+    for pid in list(pool._processes):
+        os.kill(pid, signal.SIGKILL)
+    # The first failure starts a new process; a report sent to it is not lost when the other
+    # reports of the dead one fail afterwards, and the new process is not replaced again.
+    first, *rest = in_flight
+    assert first.result() == build_messages(report, RIS)
+    replacement = builder._pool
+    assert replacement is not None and replacement is not pool
+    on_replacement = builder.submit(report, RIS)
+    assert all(p.result() == build_messages(report, RIS) for p in rest)
+    assert on_replacement.result() == build_messages(report, RIS)
+    assert builder._pool is replacement
