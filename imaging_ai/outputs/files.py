@@ -57,15 +57,15 @@ def encode_results(
     impression: str,
     config: Config,
     builder: MessageBuilder | None = None,
-    encoded: Callable[[str, bytes | memoryview], object] | None = None,
+    on_ready: Callable[[str, bytes | memoryview], object] | None = None,
 ) -> EncodedResults:
     """Build SEG, SR, ORU and FHIR for a job in memory; SEG comes first (SR refers to it).
 
     With a ``builder`` the ORUs and the FHIR bundle are made in its process while this one
-    encodes the SEG and the SR. ``encoded(name, data)`` is called as each object is ready
+    encodes the SEG and the SR. ``on_ready(name, data)`` is called as each object is ready
     ("seg", "sr", "oru-<n>", "fhir"), so that it can be written while the next is encoded.
     """
-    ready = encoded or (lambda name, data: None)
+    ready = on_ready or (lambda name, data: None)
     uids = output_uids(analysis.volume.study_instance_uid, job_id)
     algorithm = Algorithm.from_analysis(
         analysis,
