@@ -107,6 +107,7 @@ class Association:
 
     def __init__(self, sock: socket.socket, address: str, acceptor: Acceptor) -> None:
         self.sock = sock
+        self.pdus = dul.PduReader(sock, acceptor.max_pdu + 6 * 64)
         self.address = address
         self.acceptor = acceptor
         self.peer = Peer("", "", address)
@@ -131,7 +132,7 @@ class Association:
             self._discard_partial()
 
     def _negotiate(self) -> bool:
-        pdu_type, body = dul.read_pdu(self.sock, 0)
+        pdu_type, body = self.pdus.read(0)
         if pdu_type != dul.A_ASSOCIATE_RQ_TYPE:
             raise dul.ProtocolError(f"expected A-ASSOCIATE-RQ, got PDU type 0x{pdu_type:02X}")
         offer = _answer(bytes(body), self.acceptor)
@@ -145,25 +146,25 @@ class Association:
         return True
 
     def _serve(self) -> None:
-        handlers: dict[int, Callable[[bytearray], bool]] = {
+        handlers: dict[int, Callable[[memoryview], bool]] = {
             dul.P_DATA_TF_TYPE: self._on_p_data,
             dul.A_RELEASE_RQ_TYPE: self._on_release,
             dul.A_ABORT_TYPE: lambda body: False,
         }
         while True:
-            pdu_type, body = dul.read_pdu(self.sock, self.acceptor.max_pdu)
+            pdu_type, body = self.pdus.read(self.acceptor.max_pdu)
             handler = handlers.get(pdu_type)
             if handler is None:
                 raise dul.ProtocolError(f"unexpected PDU type 0x{pdu_type:02X}")
             if not handler(body):
                 return
 
-    def _on_release(self, body: bytearray) -> bool:
+    def _on_release(self, body: memoryview) -> bool:
         self.released = True
         self.sock.sendall(dul.encode_release_rp())
         return False
 
-    def _on_p_data(self, body: bytearray) -> bool:
+    def _on_p_data(self, body: memoryview) -> bool:
         for pdv in dul.iter_pdvs(body):
             if pdv.context_id not in self.contexts:
                 raise dul.ProtocolError(

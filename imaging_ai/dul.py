@@ -70,36 +70,59 @@ class Pdv:
     data: memoryview
 
 
-def read_exact(sock: socket.socket, n: int) -> bytearray:
-    """Read exactly ``n`` bytes with large reads straight into one buffer."""
-    buffer = bytearray(n)
-    view = memoryview(buffer)
-    got = 0
+def read_into(sock: socket.socket, view: memoryview) -> None:
+    """Fill ``view`` from the socket with as few reads as the kernel allows."""
+    got, n = 0, len(view)
     while got < n:
         count = sock.recv_into(view[got:], n - got)
         if count == 0:
             raise ProtocolError(f"connection closed after {got} of {n} bytes of a PDU")
         got += count
-    return buffer
 
 
-def read_pdu(sock: socket.socket, max_length: int) -> tuple[int, bytearray]:
-    """Read one PDU; return its type and its body (without the 6-byte header).
+class PduReader:
+    """Reads one connection's PDUs into one buffer, reused from PDU to PDU.
 
-    Raises
-    ------
-    ProtocolError
-        Unknown PDU type, a PDU longer than ``max_length`` (0: no limit) or a broken connection.
+    A new buffer per PDU cost a receiver more in the kernel than its writes to the spool:
+    above glibc's mmap threshold (which the daemon fixes at 128 KiB for its processes'
+    memory to stay flat) every P-DATA-TF body was a fresh mmap, zeroed and page-faulted
+    in, then unmapped again.
     """
-    pdu_type, _, length = _HEADER.unpack(read_exact(sock, _HEADER.size))
+
+    def __init__(self, sock: socket.socket, size: int = 0) -> None:
+        self.sock = sock
+        self._header = bytearray(_HEADER.size)
+        self._buffer = bytearray(size)
+
+    def read(self, max_length: int) -> tuple[int, memoryview]:
+        """Read one PDU; return its type and its body (without the 6-byte header).
+
+        The body is a view of the reader's buffer: it is valid until the next ``read``.
+
+        Raises
+        ------
+        ProtocolError
+            Unknown PDU type, a PDU longer than ``max_length`` (0: no limit) or a broken
+            connection.
+        """
+        read_into(self.sock, memoryview(self._header))
+        pdu_type, _, length = _HEADER.unpack(self._header)
+        _check_pdu(pdu_type, length, max_length)
+        if length > len(self._buffer):
+            self._buffer = bytearray(length)
+        body = memoryview(self._buffer)[:length]
+        read_into(self.sock, body)
+        return pdu_type, body
+
+
+def _check_pdu(pdu_type: int, length: int, max_length: int) -> None:
     if pdu_type not in PDU_TYPES:
         raise ProtocolError(f"unknown PDU type 0x{pdu_type:02X}")
     if max_length and pdu_type == P_DATA_TF_TYPE and length > max_length + 6 * 64:
         raise ProtocolError(f"P-DATA-TF of {length} bytes exceeds our maximum PDU {max_length}")
-    return pdu_type, read_exact(sock, length)
 
 
-def iter_pdvs(body: bytearray) -> Iterator[Pdv]:
+def iter_pdvs(body: bytearray | memoryview) -> Iterator[Pdv]:
     """The PDV items of a P-DATA-TF body."""
     view = memoryview(body)
     offset = 0

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 import struct
 
 import pytest
@@ -103,3 +104,40 @@ def test_command_decoded_directly_reads_as_pydicom_reads_it(with_instance: bool)
 def test_malformed_command_is_a_protocol_error(raw: bytes) -> None:
     with pytest.raises(dul.ProtocolError):
         dul.decode_command(raw)
+
+
+def _p_data(payload: bytes) -> bytes:
+    pdv = struct.pack(">LBB", len(payload) + 2, 1, 0x02) + payload
+    return struct.pack(">BBL", dul.P_DATA_TF_TYPE, 0, len(pdv)) + pdv
+
+
+def test_pdu_reader_reads_each_pdu_into_one_reused_buffer() -> None:
+    """PDUs up to the buffer's size reuse it; a larger one gets a larger buffer, whole."""
+    ours, theirs = socket.socketpair()
+    with ours, theirs:
+        first, second, large = b"a" * 1000, b"b" * 600, b"c" * 5000
+        theirs.sendall(_p_data(first) + _p_data(second) + _p_data(large))
+        reader = dul.PduReader(ours, 2048)
+        pdu_type, body = reader.read(4096)
+        buffer = reader._buffer
+        assert pdu_type == dul.P_DATA_TF_TYPE
+        assert [bytes(p.data) for p in dul.iter_pdvs(body)] == [first]
+        _, body = reader.read(4096)
+        assert reader._buffer is buffer  # no new buffer (nor its zeroing) per PDU
+        assert [bytes(p.data) for p in dul.iter_pdvs(body)] == [second]
+        _, body = reader.read(8192)
+        assert [bytes(p.data) for p in dul.iter_pdvs(body)] == [large]
+
+
+def test_pdu_reader_refuses_a_p_data_over_our_maximum_and_a_cut_off_pdu() -> None:
+    ours, theirs = socket.socketpair()
+    with ours, theirs:
+        theirs.sendall(_p_data(b"x" * 5000))
+        with pytest.raises(dul.ProtocolError, match="exceeds our maximum PDU 4096"):
+            dul.PduReader(ours).read(4096)
+    ours, theirs = socket.socketpair()
+    with ours:
+        theirs.sendall(_p_data(b"x" * 100)[:50])
+        theirs.close()
+        with pytest.raises(dul.ProtocolError, match="connection closed after 44 of 106"):
+            dul.PduReader(ours).read(4096)
