@@ -1,4 +1,11 @@
-"""Takes a CT study and gives images/s into the daemon vs DCMTK storescp, 1 and N associations."""
+"""Takes a CT study and gives images/s into the daemon vs DCMTK storescp, 1 and N associations.
+
+The servers are run in rounds (storescp, tuned storescp, imaging-ai, then again), and each
+round's ratio is taken between its own runs: the machine's speed drifts by more than the
+difference being measured (docs/benchmarks.md). Every server gets the same pause between
+being ready and its first image, so each writes into memory in the same state (see
+``SETTLE_S``).
+"""
 
 from __future__ import annotations
 
@@ -12,14 +19,20 @@ import sys
 import tempfile
 import time
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
-from functools import partial
+from dataclasses import dataclass
 from pathlib import Path
 
 from imaging_ai.bench.harness import CALLED_AE, free_port
 
 CALLING_AE = "STORESCU"
+# Seconds between a server being ready and its first image, the same for every server. A
+# virtual machine that hands idle memory back to its host (virtio-balloon free page
+# reporting, two seconds after it is freed) makes the first write to such a page cost a
+# fault on the host: a server started slowly (the daemon) wrote into returned memory while
+# one started at once (storescp) reused the pages its previous run had just freed.
+SETTLE_S = 3.0
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -28,7 +41,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--slices", type=int, default=300, help="phantom slices (default 300)")
     parser.add_argument("--studies", type=int, default=1, help="studies sent per run")
     parser.add_argument("--associations", default="1,4", help="comma-separated counts")
-    parser.add_argument("--repeats", type=int, default=3, help="runs per cell; median reported")
+    parser.add_argument("--repeats", type=int, default=3, help="rounds; medians reported")
+    parser.add_argument(
+        "--settle-s",
+        type=float,
+        default=SETTLE_S,
+        help=f"pause between each server being ready and its first image (default {SETTLE_S})",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -41,17 +60,7 @@ def run(args: argparse.Namespace) -> int:
         work = Path(tmp)
         files = _study_files(args, work)
         counts = [int(n) for n in str(args.associations).split(",")]
-        rows = []
-        for n in counts:
-            peer = _median(args.repeats, partial(_run_storescp, files, n, work, False))
-            tuned = _median(args.repeats, partial(_run_storescp, files, n, work, True))
-            ours = _median(args.repeats, partial(_run_daemon, files, n, work))
-            rows.append((n, peer, tuned, ours))
-            print(
-                f"  {n} association(s): storescp {peer:.0f}, tuned storescp {tuned:.0f}, "
-                f"imaging-ai {ours:.0f} img/s",
-                flush=True,
-            )
+        rows = [_rounds(files, n, work, args.repeats, args.settle_s) for n in counts]
     _print_table(len(files), rows)
     return 0
 
@@ -83,8 +92,39 @@ def _study_files(args: argparse.Namespace, work: Path) -> list[Path]:
     return files
 
 
-def _median(repeats: int, once: Callable[[], float]) -> float:
-    return statistics.median(once() for _ in range(repeats))
+@dataclass(frozen=True)
+class Row:
+    """One association count's medians: images/s of each server and the rounds' ratios."""
+
+    associations: int
+    storescp: float
+    tuned: float
+    ours: float
+    ratio: float  # median over rounds of imaging-ai / storescp in the same round
+    ratio_tuned: float
+
+
+def _rounds(files: list[Path], n: int, work: Path, repeats: int, settle_s: float) -> Row:
+    """Run the three servers ``repeats`` times in turn; medians of rates and of ratios."""
+    runs: dict[str, list[float]] = {"storescp": [], "tuned": [], "ours": []}
+    for _ in range(repeats):
+        runs["storescp"].append(_run_storescp(files, n, work, False, settle_s))
+        runs["tuned"].append(_run_storescp(files, n, work, True, settle_s))
+        runs["ours"].append(_run_daemon(files, n, work, settle_s))
+        print(
+            f"  {n} association(s): storescp {runs['storescp'][-1]:.0f}, tuned storescp "
+            f"{runs['tuned'][-1]:.0f}, imaging-ai {runs['ours'][-1]:.0f} img/s",
+            flush=True,
+        )
+    ours = runs["ours"]
+    return Row(
+        n,
+        statistics.median(runs["storescp"]),
+        statistics.median(runs["tuned"]),
+        statistics.median(ours),
+        statistics.median(o / p for o, p in zip(ours, runs["storescp"], strict=True)),
+        statistics.median(o / t for o, t in zip(ours, runs["tuned"], strict=True)),
+    )
 
 
 def wait_port(port: int, proc: subprocess.Popen[bytes], timeout_s: float = 30) -> None:
@@ -149,7 +189,9 @@ def _server(cmd: list[str], port: int) -> Iterator[None]:
             proc.wait()
 
 
-def _run_storescp(files: list[Path], associations: int, work: Path, tuned: bool) -> float:
+def _run_storescp(
+    files: list[Path], associations: int, work: Path, tuned: bool, settle_s: float
+) -> float:
     """storescp as shipped (16 KB PDU, one association at a time), or tuned: the daemon's
     PDU size, bit-preserving writes and one process per association (--fork)."""
     port = free_port()
@@ -157,12 +199,13 @@ def _run_storescp(files: list[Path], associations: int, work: Path, tuned: bool)
     options = ["-pdu", "131072", "+B", "--fork"] if tuned else []
     cmd = ["storescp", "-aet", CALLED_AE, "-od", str(out), "-dhl", *options, str(port)]
     with _server(cmd, port):
+        time.sleep(settle_s)
         rate = send(files, port, associations)
     shutil.rmtree(out, ignore_errors=True)
     return rate
 
 
-def _run_daemon(files: list[Path], associations: int, work: Path) -> float:
+def _run_daemon(files: list[Path], associations: int, work: Path, settle_s: float) -> float:
     port, http_port = free_port(), free_port()
     data = Path(tempfile.mkdtemp(dir=work))
     config = data / "bench.toml"
@@ -171,11 +214,15 @@ def _run_daemon(files: list[Path], associations: int, work: Path) -> float:
         f'allowed_callers = [{{ ae_title = "{CALLING_AE}", host = "127.0.0.1" }}]\n'
         f'[storage]\ndata_dir = "{data}"\nmin_free_mb = 64\n'
         f'[http]\nport = {http_port}\n[logging]\nlevel = "WARNING"\n'
+        # Ingest is measured, not analysis: the study does not complete on release, so
+        # the daemon stops at once instead of analysing it first.
+        "[assemble]\ncomplete_on_release = false\n"
     )
     cmd = [sys.executable, "-m", "imaging_ai", "serve", "--config", str(config)]
     with _server(cmd, port):
         # Engines load and warm up after the port opens; their start-up is not ingest.
         _wait_readyz(http_port)
+        time.sleep(settle_s)
         rate = send(files, port, associations)
     shutil.rmtree(data, ignore_errors=True)
     return rate
@@ -193,16 +240,17 @@ def _wait_readyz(http_port: int, timeout_s: float = 180) -> None:
     raise RuntimeError(f"daemon not ready within {timeout_s:.0f} s")
 
 
-def _print_table(images: int, rows: list[tuple[int, float, float, float]]) -> None:
+def _print_table(images: int, rows: list[Row]) -> None:
     print()
-    print(f"ingest, {images} images per run, loopback, TCP_NODELAY=1, median of runs")
+    print(f"ingest, {images} images per run, loopback, TCP_NODELAY=1, medians of rounds")
     print("storescp writes without fsync; imaging-ai fsyncs each file and commits its row first")
+    print("ratio: median over rounds of imaging-ai / storescp run in the same round")
     header = ("associations", "storescp", "tuned storescp", "imaging-ai", "ratio", "ratio tuned")
     print("{:>12} {:>9} {:>15} {:>11} {:>6} {:>12}".format(*header))
-    for n, peer, tuned, ours in rows:
+    for row in rows:
         print(
-            f"{n:>12} {peer:>9.0f} {tuned:>15.0f} {ours:>11.0f} {ours / peer:>6.2f} "
-            f"{ours / tuned:>12.2f}"
+            f"{row.associations:>12} {row.storescp:>9.0f} {row.tuned:>15.0f} {row.ours:>11.0f} "
+            f"{row.ratio:>6.2f} {row.ratio_tuned:>12.2f}"
         )
-    summary = ", ".join(f"{ours / peer:.2f}x storescp with {n}" for n, peer, _, ours in rows)
+    summary = ", ".join(f"{row.ratio:.2f}x storescp with {row.associations}" for row in rows)
     print(f"headline: imaging-ai ingest (img/s) at {summary} association(s)")
