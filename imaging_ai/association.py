@@ -107,7 +107,7 @@ class Association:
 
     def __init__(self, sock: socket.socket, address: str, acceptor: Acceptor) -> None:
         self.sock = sock
-        self.pdus = dul.PduReader(sock, acceptor.max_pdu + 6 * 64)
+        self.pdus = dul.PduReader(sock, acceptor.max_pdu)
         self.address = address
         self.acceptor = acceptor
         self.peer = Peer("", "", address)

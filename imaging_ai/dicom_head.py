@@ -23,7 +23,6 @@ UNDEFINED_LENGTH = 0xFFFFFFFF
 _SPECIFIC_CHARACTER_SET = 0x00080005
 _REQUEST_ATTRIBUTES_SEQUENCE = 0x00400275
 # Explicit VR little endian: these VRs have two reserved bytes and a 4-byte length.
-# Explicit VR little endian: these VRs have two reserved bytes and a 4-byte length.
 LONG_VRS = frozenset(
     {
         b"OB",

@@ -54,6 +54,9 @@ _PDV_HEADER = struct.Struct(">LBB")
 _SHORT_ELEMENT = struct.Struct("<HH2sH")  # explicit VR little endian, 2-byte length
 _IMPLICIT_ELEMENT = struct.Struct("<HHL")  # implicit VR little endian: tag, 4-byte length
 _PREAMBLE = b"\x00" * 128 + b"DICM"
+# A P-DATA-TF may exceed the negotiated maximum by its PDV item headers (6 bytes each);
+# this much is tolerated, for up to 64 PDVs.
+_PDV_HEADERS_ALLOWED = 6 * 64
 
 
 class ProtocolError(Exception):
@@ -70,7 +73,7 @@ class Pdv:
     data: memoryview
 
 
-def read_into(sock: socket.socket, view: memoryview) -> None:
+def _read_into(sock: socket.socket, view: memoryview) -> None:
     """Fill ``view`` from the socket with as few reads as the kernel allows."""
     got, n = 0, len(view)
     while got < n:
@@ -89,10 +92,11 @@ class PduReader:
     in, then unmapped again.
     """
 
-    def __init__(self, sock: socket.socket, size: int = 0) -> None:
+    def __init__(self, sock: socket.socket, max_pdu: int = 0) -> None:
+        """``max_pdu``: our negotiated maximum, which sizes the buffer (0: it grows as needed)."""
         self.sock = sock
         self._header = bytearray(_HEADER.size)
-        self._buffer = bytearray(size)
+        self._buffer = bytearray(max_pdu + _PDV_HEADERS_ALLOWED if max_pdu else 0)
 
     def read(self, max_length: int) -> tuple[int, memoryview]:
         """Read one PDU; return its type and its body (without the 6-byte header).
@@ -105,20 +109,20 @@ class PduReader:
             Unknown PDU type, a PDU longer than ``max_length`` (0: no limit) or a broken
             connection.
         """
-        read_into(self.sock, memoryview(self._header))
+        _read_into(self.sock, memoryview(self._header))
         pdu_type, _, length = _HEADER.unpack(self._header)
         _check_pdu(pdu_type, length, max_length)
         if length > len(self._buffer):
             self._buffer = bytearray(length)
         body = memoryview(self._buffer)[:length]
-        read_into(self.sock, body)
+        _read_into(self.sock, body)
         return pdu_type, body
 
 
 def _check_pdu(pdu_type: int, length: int, max_length: int) -> None:
     if pdu_type not in PDU_TYPES:
         raise ProtocolError(f"unknown PDU type 0x{pdu_type:02X}")
-    if max_length and pdu_type == P_DATA_TF_TYPE and length > max_length + 6 * 64:
+    if max_length and pdu_type == P_DATA_TF_TYPE and length > max_length + _PDV_HEADERS_ALLOWED:
         raise ProtocolError(f"P-DATA-TF of {length} bytes exceeds our maximum PDU {max_length}")
 
 
