@@ -158,9 +158,10 @@ class Spool:
     def keep_spares(self, count: int) -> None:
         """Keep ``count`` empty temporary files created ahead, for ``open_temporary``.
 
-        Creating a file waits for the filesystem's journal (about a millisecond while
-        other files are being synced); a thread does that between instances instead of
-        while a peer waits for its C-STORE answer.
+        Creating a file can take up to a millisecond: on ext4 without a journal, the inode
+        allocator steps over every inode freed in the last minute or more
+        (docs/benchmarks.md). A thread creates them between instances, so no peer waits
+        for it for its C-STORE answer.
         """
         with self._spare_cond:
             self._spare_target = count
