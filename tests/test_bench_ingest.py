@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pytest
 
 from imaging_ai.bench import ingest
+from imaging_ai.bench.orthanc import OrthancPacs
+from imaging_ai.phantom import PhantomSpec, generate, write_study
 
 
 def test_ratio_is_the_median_of_each_rounds_own_ratio(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -34,3 +37,44 @@ def test_ratio_is_the_median_of_each_rounds_own_ratio(monkeypatch: pytest.Monkey
     assert row.ratio == pytest.approx(0.75)  # rounds: 0.75, 0.80, 0.60
     assert row.ratio_tuned == pytest.approx(0.60)  # rounds: 0.60, 0.64, 0.467
     assert settles == [2.5] * 9  # every server, every round, the same pause
+
+
+def test_orthanc_runs_in_each_round_with_its_own_ratio(monkeypatch: pytest.MonkeyPatch) -> None:
+    rates = {"storescp": iter([800.0, 400.0, 700.0]), "tuned": iter([1000.0, 500.0, 900.0])}
+    orthanc = iter([300.0, 100.0, 280.0])
+    ours = iter([600.0, 320.0, 420.0])
+    settles: list[float] = []
+
+    def fake_storescp(
+        files: list[Path], n: int, work: Path, is_tuned: bool, settle: float
+    ) -> float:
+        settles.append(settle)
+        return next(rates["tuned" if is_tuned else "storescp"])
+
+    def fake_orthanc(files: list[Path], n: int, work: Path, settle: float) -> float:
+        settles.append(settle)
+        return next(orthanc)
+
+    def fake_daemon(files: list[Path], n: int, work: Path, settle: float) -> float:
+        settles.append(settle)
+        return next(ours)
+
+    monkeypatch.setattr(ingest, "_run_storescp", fake_storescp)
+    monkeypatch.setattr(ingest, "_run_orthanc", fake_orthanc)
+    monkeypatch.setattr(ingest, "_run_daemon", fake_daemon)
+    row = ingest._rounds([], 4, Path("."), 3, 1.5, orthanc=True)
+    assert row.orthanc == 280.0
+    assert row.ratio_orthanc == pytest.approx(2.0)  # rounds: 2.0, 3.2, 1.5
+    assert row.ratio == pytest.approx(0.75)  # unchanged by the extra server
+    assert settles == [1.5] * 12
+
+
+@pytest.mark.skipif(not OrthancPacs.available(), reason="needs Debian orthanc")
+@pytest.mark.skipif(shutil.which("storescu") is None, reason="needs DCMTK storescu")
+def test_orthanc_run_sends_for_real_and_counts_what_it_kept(tmp_path: Path) -> None:
+    write_study(generate(PhantomSpec(slices=4, seed=3), workers=1), tmp_path / "study", workers=1)
+    files = sorted((tmp_path / "study" / "dicom").glob("*.dcm"))
+    assert ingest._run_orthanc(files, 2, tmp_path, 0.0) > 0
+    # The same file twice is one instance in Orthanc: a rate for images not kept is refused.
+    with pytest.raises(RuntimeError, match="Orthanc kept 4 of 5 images"):
+        ingest._run_orthanc([*files, files[0]], 1, tmp_path, 0.0)

@@ -1,5 +1,8 @@
 """Takes a CT study and gives images/s into the daemon vs DCMTK storescp, 1 and N associations.
 
+With ``--orthanc``, Debian's Orthanc runs in each round too: a PACS that indexes every
+instance it receives, for comparison with a receiver that keeps more than files.
+
 The servers are run in rounds (storescp, tuned storescp, imaging-ai, then again), and each
 round's ratio is taken between its own runs: the machine's speed drifts by more than the
 difference being measured (docs/benchmarks.md). Every server gets the same pause between
@@ -25,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from imaging_ai.bench.harness import CALLED_AE, free_port
+from imaging_ai.bench.orthanc import ORTHANC_AE, OrthancPacs
 
 CALLING_AE = "STORESCU"
 # Seconds between a server being ready and its first image, the same for every server. A
@@ -43,6 +47,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--associations", default="1,4", help="comma-separated counts")
     parser.add_argument("--repeats", type=int, default=3, help="rounds; medians reported")
     parser.add_argument(
+        "--orthanc",
+        action="store_true",
+        help="also run Debian's Orthanc, a PACS that indexes each instance, in every round",
+    )
+    parser.add_argument(
         "--settle-s",
         type=float,
         default=SETTLE_S,
@@ -56,11 +65,14 @@ def run(args: argparse.Namespace) -> int:
         if shutil.which(tool) is None:
             print(f"bench ingest needs DCMTK's {tool} (apt-get install dcmtk)", file=sys.stderr)
             return 2
+    if args.orthanc and not OrthancPacs.available():
+        print("bench ingest --orthanc needs Orthanc (apt-get install orthanc)", file=sys.stderr)
+        return 2
     with tempfile.TemporaryDirectory(prefix="imaging-ai-bench-") as tmp:
         work = Path(tmp)
         files = _study_files(args, work)
         counts = [int(n) for n in str(args.associations).split(",")]
-        rows = [_rounds(files, n, work, args.repeats, args.settle_s) for n in counts]
+        rows = [_rounds(files, n, work, args.repeats, args.settle_s, args.orthanc) for n in counts]
     _print_table(len(files), rows)
     return 0
 
@@ -102,28 +114,41 @@ class Row:
     ours: float
     ratio: float  # median over rounds of imaging-ai / storescp in the same round
     ratio_tuned: float
+    orthanc: float | None = None  # with --orthanc
+    ratio_orthanc: float | None = None
 
 
-def _rounds(files: list[Path], n: int, work: Path, repeats: int, settle_s: float) -> Row:
-    """Run the three servers ``repeats`` times in turn; medians of rates and of ratios."""
-    runs: dict[str, list[float]] = {"storescp": [], "tuned": [], "ours": []}
+def _rounds(
+    files: list[Path], n: int, work: Path, repeats: int, settle_s: float, orthanc: bool = False
+) -> Row:
+    """Run the servers ``repeats`` times in turn; medians of rates and of ratios."""
+    runs: dict[str, list[float]] = {"storescp": [], "tuned": [], "ours": [], "orthanc": []}
     for _ in range(repeats):
         runs["storescp"].append(_run_storescp(files, n, work, False, settle_s))
         runs["tuned"].append(_run_storescp(files, n, work, True, settle_s))
+        if orthanc:
+            runs["orthanc"].append(_run_orthanc(files, n, work, settle_s))
         runs["ours"].append(_run_daemon(files, n, work, settle_s))
+        extra = f", Orthanc {runs['orthanc'][-1]:.0f}" if orthanc else ""
         print(
             f"  {n} association(s): storescp {runs['storescp'][-1]:.0f}, tuned storescp "
-            f"{runs['tuned'][-1]:.0f}, imaging-ai {runs['ours'][-1]:.0f} img/s",
+            f"{runs['tuned'][-1]:.0f}{extra}, imaging-ai {runs['ours'][-1]:.0f} img/s",
             flush=True,
         )
     ours = runs["ours"]
+
+    def ratio(theirs: list[float]) -> float:
+        return statistics.median(o / t for o, t in zip(ours, theirs, strict=True))
+
     return Row(
         n,
         statistics.median(runs["storescp"]),
         statistics.median(runs["tuned"]),
         statistics.median(ours),
-        statistics.median(o / p for o, p in zip(ours, runs["storescp"], strict=True)),
-        statistics.median(o / t for o, t in zip(ours, runs["tuned"], strict=True)),
+        ratio(runs["storescp"]),
+        ratio(runs["tuned"]),
+        statistics.median(runs["orthanc"]) if orthanc else None,
+        ratio(runs["orthanc"]) if orthanc else None,
     )
 
 
@@ -145,7 +170,7 @@ def _env() -> dict[str, str]:
     return {**os.environ, "TCP_NODELAY": "1"}
 
 
-def send(files: list[Path], port: int, associations: int) -> float:
+def send(files: list[Path], port: int, associations: int, called_ae: str = CALLED_AE) -> float:
     """Send ``files`` split over parallel storescu processes; return images/s."""
     chunks = [files[i::associations] for i in range(associations)]
     start = time.perf_counter()
@@ -156,7 +181,7 @@ def send(files: list[Path], port: int, associations: int) -> float:
                 "-aet",
                 CALLING_AE,
                 "-aec",
-                CALLED_AE,
+                called_ae,
                 "127.0.0.1",
                 str(port),
                 *map(str, chunk),
@@ -228,6 +253,22 @@ def _run_daemon(files: list[Path], associations: int, work: Path, settle_s: floa
     return rate
 
 
+def _run_orthanc(files: list[Path], associations: int, work: Path, settle_s: float) -> float:
+    """Orthanc with its default storage and SQLite index; fails unless it kept every image."""
+    pacs = OrthancPacs(Path(tempfile.mkdtemp(dir=work)), CALLING_AE, free_port())
+    try:
+        pacs.start()
+        time.sleep(settle_s)
+        rate = send(files, pacs.dicom_port, associations, ORTHANC_AE)
+        kept = len(pacs.get("/instances"))
+    finally:
+        pacs.stop()
+        shutil.rmtree(pacs.root, ignore_errors=True)
+    if kept != len(files):
+        raise RuntimeError(f"Orthanc kept {kept} of {len(files)} images")
+    return rate
+
+
 def _wait_readyz(http_port: int, timeout_s: float = 180) -> None:
     """Wait until the daemon's /readyz says every check is ok."""
     deadline = time.monotonic() + timeout_s
@@ -245,12 +286,22 @@ def _print_table(images: int, rows: list[Row]) -> None:
     print(f"ingest, {images} images per run, loopback, TCP_NODELAY=1, medians of rounds")
     print("storescp writes without fsync; imaging-ai fsyncs each file and commits its row first")
     print("ratio: median over rounds of imaging-ai / storescp run in the same round")
-    header = ("associations", "storescp", "tuned storescp", "imaging-ai", "ratio", "ratio tuned")
-    print("{:>12} {:>9} {:>15} {:>11} {:>6} {:>12}".format(*header))
-    for row in rows:
+    orthanc = any(row.orthanc is not None for row in rows)
+    header = ["associations", "storescp", "tuned storescp", "imaging-ai", "ratio", "ratio tuned"]
+    widths = [12, 9, 15, 11, 6, 12]
+    if orthanc:
         print(
-            f"{row.associations:>12} {row.storescp:>9.0f} {row.tuned:>15.0f} {row.ours:>11.0f} "
-            f"{row.ratio:>6.2f} {row.ratio_tuned:>12.2f}"
+            "Orthanc (Debian) indexes each instance in SQLite; ratio Orthanc: imaging-ai / Orthanc"
         )
+        header += ["Orthanc", "ratio Orthanc"]
+        widths += [8, 14]
+    print(" ".join(f"{name:>{width}}" for name, width in zip(header, widths, strict=True)))
+    for row in rows:
+        cells = [f"{row.storescp:.0f}", f"{row.tuned:.0f}", f"{row.ours:.0f}"]
+        cells += [f"{row.ratio:.2f}", f"{row.ratio_tuned:.2f}"]
+        if row.orthanc is not None and row.ratio_orthanc is not None:
+            cells += [f"{row.orthanc:.0f}", f"{row.ratio_orthanc:.2f}"]
+        values = [str(row.associations), *cells]
+        print(" ".join(f"{value:>{width}}" for value, width in zip(values, widths, strict=False)))
     summary = ", ".join(f"{row.ratio:.2f}x storescp with {row.associations}" for row in rows)
     print(f"headline: imaging-ai ingest (img/s) at {summary} association(s)")
