@@ -1,13 +1,13 @@
 """Takes a CT study and gives images/s into the daemon vs DCMTK storescp, 1 and N associations.
 
-With ``--orthanc``, Debian's Orthanc runs in each round too: a PACS that indexes every
-instance it receives, for comparison with a receiver that keeps more than files.
-
 The servers are run in rounds (storescp, tuned storescp, imaging-ai, then again), and each
 round's ratio is taken between its own runs: the machine's speed drifts by more than the
 difference being measured (docs/benchmarks.md). Every server gets the same pause between
 being ready and its first image, so each writes into memory in the same state (see
 ``SETTLE_S``).
+
+With ``--orthanc``, Debian's Orthanc runs in each round too (before imaging-ai): a PACS that
+indexes every instance it receives, a reference that keeps more than files.
 """
 
 from __future__ import annotations
@@ -255,6 +255,7 @@ def _run_daemon(files: list[Path], associations: int, work: Path, settle_s: floa
 
 def _run_orthanc(files: list[Path], associations: int, work: Path, settle_s: float) -> float:
     """Orthanc with its default storage and SQLite index; fails unless it kept every image."""
+    # Orthanc is only sent to here; the modality it would push to is never used.
     pacs = OrthancPacs(Path(tempfile.mkdtemp(dir=work)), CALLING_AE, free_port())
     try:
         pacs.start()
