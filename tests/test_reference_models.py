@@ -36,6 +36,16 @@ def models() -> tuple[LoadedModel, LoadedModel]:
     return LoadedModel(lung, backend.load(lung)), LoadedModel(nodule, backend.load(nodule))
 
 
+def test_cpu_sessions_plan_no_memory_pattern_per_batch_size(
+    models: tuple[LoadedModel, LoadedModel],
+) -> None:
+    # A pattern per input shape kept a block per batch size in the CPU arena: a worker grew
+    # from 1.56 to 3.1 GiB over batches of mixed sizes (docs/benchmarks.md).
+    for model in models:
+        session = model.engine._session  # type: ignore[attr-defined]
+        assert session.get_session_options().enable_mem_pattern is False
+
+
 @pytest.mark.parametrize("name", ["lung-seg", "nodule-det"])
 def test_card_and_onnx_agree(name: str) -> None:
     card = _card(name)

@@ -245,6 +245,12 @@ class OrtBackend:
         if not self.options.allow_spinning:
             so.add_session_config_entry("session.intra_op.allow_spinning", "0")
         so.log_severity_level = 3
+        if self.options.provider == "cpu":
+            # A memory pattern is planned per input shape, and each keeps its own block in
+            # the CPU arena: batches of every size from 1 to 32 took a worker from 1.56 to
+            # 3.1 GiB. Without patterns the arena reuses its chunks (1.62 GiB, flat), at the
+            # same speed per slice (tests/test_memory_flat.py, docs/benchmarks.md).
+            so.enable_mem_pattern = False
         providers = provider_config(self.options, card)
         errors: tuple[type[BaseException], ...] = (*ort_errors(ort), OSError)
         try:
