@@ -145,7 +145,10 @@ class ReceiverPool:
         listener = self._listener
         if listener is None:
             return
-        listener.settimeout(_ACCEPT_POLL_S)
+        try:
+            listener.settimeout(_ACCEPT_POLL_S)
+        except OSError:
+            return  # stop() closed it before this thread ran
         while self._listener is listener:
             try:
                 conn, address = listener.accept()
