@@ -11,7 +11,7 @@ Results equal pydicom's (``tests/test_dicom_head.py`` compares them).
 from __future__ import annotations
 
 import struct
-from collections.abc import Iterator
+from collections.abc import Container
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,6 +20,7 @@ from pydicom.uid import ExplicitVRLittleEndian, ImplicitVRLittleEndian
 
 PIXEL_DATA = 0x7FE00010
 UNDEFINED_LENGTH = 0xFFFFFFFF
+_NO_PIXEL_DATA = -1  # `_walk` met no Pixel Data
 _SPECIFIC_CHARACTER_SET = 0x00080005
 _REQUEST_ATTRIBUTES_SEQUENCE = 0x00400275
 # Explicit VR little endian: these VRs have two reserved bytes and a 4-byte length.
@@ -115,33 +116,11 @@ class Reader:
             explicit = False
         else:
             return None
-        # The walk of `_elements`, written out: a CT header has ~90 elements before Pixel
-        # Data, and a generator's step per element was half of this call's time.
-        kept = self._kept
-        raw: dict[int, bytes] = {}
-        offset, end = 0, len(head)
-        while offset + 8 <= end:
-            if explicit:
-                group, element, vr, length = _TAG_VR_LENGTH.unpack_from(head, offset)
-                if vr in LONG_VRS:
-                    if offset + 12 > end:
-                        return None
-                    (length,) = _LONG_LENGTH.unpack_from(head, offset + 8)
-                    offset += 12
-                else:
-                    offset += 8
-            else:
-                group, element, length = _TAG_LENGTH.unpack_from(head, offset)
-                offset += 8
-            tag = group << 16 | element
-            if tag == PIXEL_DATA:
-                return self._values(raw, explicit, offset, length)
-            if length == UNDEFINED_LENGTH or tag > PIXEL_DATA or offset + length > end:
-                return None  # a sequence to walk item by item, or no Pixel Data (yet)
-            if tag in kept:
-                raw[tag] = head[offset : offset + length]
-            offset += length
-        return None  # Pixel Data is not in these bytes
+        walked = _walk(head, explicit, 0, len(head), self._kept)
+        if walked is None or walked[1] == _NO_PIXEL_DATA:
+            return None  # Pixel Data is not in these bytes, or pydicom must read them
+        raw, value_tell, length = walked
+        return self._values(raw, explicit, value_tell, length)
 
     def _values(
         self, raw: dict[int, bytes], explicit: bool, value_tell: int, length: int
@@ -188,13 +167,10 @@ class Reader:
             if (group, element) != _ITEM or length == UNDEFINED_LENGTH:
                 return None
             end = offset + length
-            raw: dict[int, bytes] = {}
-            for tag, at, size in _elements(data, explicit, offset, end):
-                if size == UNDEFINED_LENGTH or at + size > end:
-                    return None
-                if tag in self._tags:
-                    raw[tag] = bytes(data[at : at + size])
-            values = self._decode_all(raw, encoding)
+            walked = _walk(data, explicit, offset, end, self._tags)
+            if walked is None or walked[1] != _NO_PIXEL_DATA:
+                return None
+            values = self._decode_all(walked[0], encoding)
             if values is None:
                 return None
             items.append(HeadValues(values, PixelFacts(None, None, 0)))
@@ -202,15 +178,27 @@ class Reader:
         return items
 
 
-def _elements(data: bytes, explicit: bool, start: int, end: int) -> Iterator[tuple[int, int, int]]:
-    """(tag, value offset, value length) of each element from ``start``, until ``end``."""
+def _walk(
+    data: bytes, explicit: bool, start: int, end: int, kept: Container[int]
+) -> tuple[dict[int, bytes], int, int] | None:
+    """The values of the ``kept`` elements from ``start`` to ``end``, then where Pixel Data's
+    value starts and its length (``_NO_PIXEL_DATA``, 0 when the range ends without it).
+
+    None where pydicom must read the data set instead: an element of undefined length (a
+    sequence to walk item by item), one cut off by ``end``, or one after Pixel Data's tag.
+    One loop, no generator: a CT header has ~90 elements before Pixel Data, and a
+    generator's step per element was half of the header's reading time.
+    """
+    raw: dict[int, bytes] = {}
     offset = start
-    while offset + 8 <= end:
+    while offset < end:
+        if offset + 8 > end:
+            return None
         if explicit:
             group, element, vr, length = _TAG_VR_LENGTH.unpack_from(data, offset)
             if vr in LONG_VRS:
                 if offset + 12 > end:
-                    return
+                    return None
                 (length,) = _LONG_LENGTH.unpack_from(data, offset + 8)
                 offset += 12
             else:
@@ -218,10 +206,15 @@ def _elements(data: bytes, explicit: bool, start: int, end: int) -> Iterator[tup
         else:
             group, element, length = _TAG_LENGTH.unpack_from(data, offset)
             offset += 8
-        yield group << 16 | element, offset, length
-        if length == UNDEFINED_LENGTH:
-            return
+        tag = group << 16 | element
+        if tag == PIXEL_DATA:
+            return raw, offset, length
+        if length == UNDEFINED_LENGTH or tag > PIXEL_DATA or offset + length > end:
+            return None
+        if tag in kept:
+            raw[tag] = data[offset : offset + length]
         offset += length
+    return raw, _NO_PIXEL_DATA, 0
 
 
 def needed_bytes(source: Any) -> int:

@@ -12,26 +12,37 @@ from imaging_ai.bench.orthanc import OrthancPacs
 from imaging_ai.phantom import PhantomSpec, generate, write_study
 
 
+def fake_servers(monkeypatch: pytest.MonkeyPatch, rates: dict[str, list[float]]) -> list[float]:
+    """Each server's run gives its next rate from ``rates`` (storescp, tuned, orthanc, ours);
+    the settle each run was given is appended to the list returned."""
+    runs = {name: iter(values) for name, values in rates.items()}
+    settles: list[float] = []
+
+    def run(name: str, settle: float) -> float:
+        settles.append(settle)
+        return next(runs[name])
+
+    monkeypatch.setattr(
+        ingest,
+        "_run_storescp",
+        lambda files, n, work, tuned, settle: run("tuned" if tuned else "storescp", settle),
+    )
+    monkeypatch.setattr(ingest, "_run_orthanc", lambda files, n, work, s: run("orthanc", s))
+    monkeypatch.setattr(ingest, "_run_daemon", lambda files, n, work, s: run("ours", s))
+    return settles
+
+
 def test_ratio_is_the_median_of_each_rounds_own_ratio(monkeypatch: pytest.MonkeyPatch) -> None:
     # The machine drifts: round 2 runs everything at half speed. Medians of the rates alone
     # would pair round 1's storescp with round 3's daemon; each round's own ratio does not.
-    storescp = iter([800.0, 400.0, 700.0])
-    tuned = iter([1000.0, 500.0, 900.0])
-    ours = iter([600.0, 320.0, 420.0])
-    settles: list[float] = []
-
-    def fake_storescp(
-        files: list[Path], n: int, work: Path, is_tuned: bool, settle: float
-    ) -> float:
-        settles.append(settle)
-        return next(tuned if is_tuned else storescp)
-
-    def fake_daemon(files: list[Path], n: int, work: Path, settle: float) -> float:
-        settles.append(settle)
-        return next(ours)
-
-    monkeypatch.setattr(ingest, "_run_storescp", fake_storescp)
-    monkeypatch.setattr(ingest, "_run_daemon", fake_daemon)
+    settles = fake_servers(
+        monkeypatch,
+        {
+            "storescp": [800.0, 400.0, 700.0],
+            "tuned": [1000.0, 500.0, 900.0],
+            "ours": [600.0, 320.0, 420.0],
+        },
+    )
     row = ingest._rounds([], 4, Path("."), 3, 2.5)
     assert (row.storescp, row.tuned, row.ours) == (700.0, 900.0, 420.0)
     assert row.ratio == pytest.approx(0.75)  # rounds: 0.75, 0.80, 0.60
@@ -40,28 +51,15 @@ def test_ratio_is_the_median_of_each_rounds_own_ratio(monkeypatch: pytest.Monkey
 
 
 def test_orthanc_runs_in_each_round_with_its_own_ratio(monkeypatch: pytest.MonkeyPatch) -> None:
-    rates = {"storescp": iter([800.0, 400.0, 700.0]), "tuned": iter([1000.0, 500.0, 900.0])}
-    orthanc = iter([300.0, 100.0, 280.0])
-    ours = iter([600.0, 320.0, 420.0])
-    settles: list[float] = []
-
-    def fake_storescp(
-        files: list[Path], n: int, work: Path, is_tuned: bool, settle: float
-    ) -> float:
-        settles.append(settle)
-        return next(rates["tuned" if is_tuned else "storescp"])
-
-    def fake_orthanc(files: list[Path], n: int, work: Path, settle: float) -> float:
-        settles.append(settle)
-        return next(orthanc)
-
-    def fake_daemon(files: list[Path], n: int, work: Path, settle: float) -> float:
-        settles.append(settle)
-        return next(ours)
-
-    monkeypatch.setattr(ingest, "_run_storescp", fake_storescp)
-    monkeypatch.setattr(ingest, "_run_orthanc", fake_orthanc)
-    monkeypatch.setattr(ingest, "_run_daemon", fake_daemon)
+    settles = fake_servers(
+        monkeypatch,
+        {
+            "storescp": [800.0, 400.0, 700.0],
+            "tuned": [1000.0, 500.0, 900.0],
+            "orthanc": [300.0, 100.0, 280.0],
+            "ours": [600.0, 320.0, 420.0],
+        },
+    )
     row = ingest._rounds([], 4, Path("."), 3, 1.5, orthanc=True)
     assert row.orthanc == 280.0
     assert row.ratio_orthanc == pytest.approx(2.0)  # rounds: 2.0, 3.2, 1.5
