@@ -82,8 +82,9 @@ class Assembler:
     count them, `imaging_ai.catalog`) and that received nothing since completes
     ``release_grace_s`` after the last release. Idle: otherwise series and studies complete
     after their idle times, and any study at ``force_complete_s``. Idle clocks run from the
-    later of the last instance and this process's start, so after a restart a sender that
-    was cut off still gets a full idle window to resend.
+    later of the last instance and ``started_at`` (the daemon sets it when its DICOM port
+    opens), so after a restart a sender that was cut off still gets a full idle window to
+    resend.
 
     Parameters
     ----------

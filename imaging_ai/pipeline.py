@@ -66,7 +66,6 @@ class Daemon:
 
     def __init__(self, config: Config) -> None:
         self.config = config
-        self.started_at = utcnow()
         self.engine = make_engine(config.storage.resolved_database_url)
         self.sessions = session_factory(self.engine)
         self.spool = Spool(
@@ -84,7 +83,6 @@ class Daemon:
             self.sessions,
             config.assemble,
             config.priority,
-            self.started_at,
             wake=self.receivers.released,
             on_queued=self.scheduler.wake,
         )
@@ -148,6 +146,10 @@ class Daemon:
                 "spool reconciled: %d file(s) registered, %d row(s) missing", registered, missing
             )
         self.receivers.start()
+        # The idle clocks run from when senders can reach this process, not from its
+        # construction: a sender cut off by a restart gets its full idle window to resend,
+        # not what is left of it after the models loaded and the encoders warmed up.
+        self.assembler.started_at = utcnow()
         self.assembler.start()
         self.processor.start()
         self.outbox.start()
