@@ -156,3 +156,42 @@ class DaemonProcess:
                 self.proc.kill()
                 self.proc.wait()
         return int(self.proc.returncode)
+
+
+def describe_filesystem(path: Path, root: Path = Path("/")) -> str:
+    """The filesystem ``path`` is on, as a benchmark should name it: type, device, journal.
+
+    Ingest figures depend on it (docs/benchmarks.md): ext4 without a journal syncs a file
+    with fewer writes than with one, and its inode allocator steps over every inode freed in
+    the last minute or more, which slows file creation after a server's output is deleted.
+    ``root`` holds the ``proc`` and ``sys`` trees read (another one in tests).
+    """
+    best: tuple[str, str, str, str] | None = None  # mount point, MAJ:MIN, type, source
+    for line in (root / "proc" / "self" / "mountinfo").read_text().splitlines():
+        fields, _, rest = line.partition(" - ")
+        parts, tail = fields.split(), rest.split()
+        if len(parts) < 5 or len(tail) < 2:
+            continue
+        mount_point = _unescape_mount(parts[4])
+        inside = path.resolve().is_relative_to(mount_point)
+        if inside and (best is None or len(mount_point) >= len(best[0])):
+            best = (mount_point, parts[2], tail[0], tail[1])
+    if best is None:
+        return "an unknown filesystem"
+    _, device_number, fs_type, source = best
+    if fs_type != "ext4":
+        return f"{fs_type} ({source})"
+    device = (root / "sys" / "dev" / "block" / device_number).resolve().name
+    journal_task = root / "sys" / "fs" / "ext4" / device / "journal_task"
+    try:
+        journal = journal_task.read_text().strip() != "<none>"
+    except OSError:
+        return f"ext4 ({source})"
+    return f"ext4 {'with' if journal else 'without'} a journal ({source})"
+
+
+def _unescape_mount(field: str) -> str:
+    """A mount point as /proc/self/mountinfo writes it: space, tab, newline and \\ as octal."""
+    for escaped, char in (("\\040", " "), ("\\011", "\t"), ("\\012", "\n"), ("\\134", "\\")):
+        field = field.replace(escaped, char)
+    return field

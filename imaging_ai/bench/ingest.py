@@ -8,6 +8,13 @@ being ready and its first image, so each writes into memory in the same state (s
 
 With ``--orthanc``, Debian's Orthanc runs in each round too (before imaging-ai): a PACS that
 indexes every instance it receives, a reference that keeps more than files.
+
+Every run's output is kept until the whole benchmark ends, and the disk is synced after each
+run (outside its timing), so that no server writes while an earlier run's files are written
+back or pays for their deletion. On ext4 without a journal, creating a file steps over every
+inode freed in the last minute or more: deleting each run's output at once slowed the next
+server's file creation, storescp's most (docs/benchmarks.md). The table names the
+filesystem the runs wrote to.
 """
 
 from __future__ import annotations
@@ -27,7 +34,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from imaging_ai.bench.harness import CALLED_AE, free_port
+from imaging_ai.bench.harness import CALLED_AE, describe_filesystem, free_port
 from imaging_ai.bench.orthanc import ORTHANC_AE, OrthancPacs
 
 CALLING_AE = "STORESCU"
@@ -37,6 +44,8 @@ CALLING_AE = "STORESCU"
 # fault on the host: a server started slowly (the daemon) wrote into returned memory while
 # one started at once (storescp) reused the pages its previous run had just freed.
 SETTLE_S = 3.0
+# Free space left over once every run's output is kept (the daemon's database, the phantom).
+_DISK_MARGIN = 1 << 30
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -72,8 +81,20 @@ def run(args: argparse.Namespace) -> int:
         work = Path(tmp)
         files = _study_files(args, work)
         counts = [int(n) for n in str(args.associations).split(",")]
+        servers = 4 if args.orthanc else 3
+        needed = sum(p.stat().st_size for p in files) * servers * args.repeats * len(counts)
+        free = shutil.disk_usage(work).free
+        if free < needed + _DISK_MARGIN:
+            print(
+                f"bench ingest keeps every run's output until it ends: it needs "
+                f"{(needed + _DISK_MARGIN) / 2**30:.1f} GiB free in {work.parent}, which has "
+                f"{free / 2**30:.1f} GiB (set TMPDIR elsewhere, or fewer --repeats)",
+                file=sys.stderr,
+            )
+            return 2
         rows = [_rounds(files, n, work, args.repeats, args.settle_s, args.orthanc) for n in counts]
-    _print_table(len(files), rows)
+        filesystem = describe_filesystem(work)
+    _print_table(len(files), rows, filesystem)
     return 0
 
 
@@ -125,10 +146,14 @@ def _rounds(
     runs: dict[str, list[float]] = {"storescp": [], "tuned": [], "ours": [], "orthanc": []}
     for _ in range(repeats):
         runs["storescp"].append(_run_storescp(files, n, work, False, settle_s))
+        _sync_disk()
         runs["tuned"].append(_run_storescp(files, n, work, True, settle_s))
+        _sync_disk()
         if orthanc:
             runs["orthanc"].append(_run_orthanc(files, n, work, settle_s))
+            _sync_disk()
         runs["ours"].append(_run_daemon(files, n, work, settle_s))
+        _sync_disk()
         extra = f", Orthanc {runs['orthanc'][-1]:.0f}" if orthanc else ""
         print(
             f"  {n} association(s): storescp {runs['storescp'][-1]:.0f}, tuned storescp "
@@ -150,6 +175,11 @@ def _rounds(
         statistics.median(runs["orthanc"]) if orthanc else None,
         ratio(runs["orthanc"]) if orthanc else None,
     )
+
+
+def _sync_disk() -> None:
+    """Write back what the last run left in memory (storescp never syncs), before the next."""
+    os.sync()
 
 
 def wait_port(port: int, proc: subprocess.Popen[bytes], timeout_s: float = 30) -> None:
@@ -225,9 +255,7 @@ def _run_storescp(
     cmd = ["storescp", "-aet", CALLED_AE, "-od", str(out), "-dhl", *options, str(port)]
     with _server(cmd, port):
         time.sleep(settle_s)
-        rate = send(files, port, associations)
-    shutil.rmtree(out, ignore_errors=True)
-    return rate
+        return send(files, port, associations)
 
 
 def _run_daemon(files: list[Path], associations: int, work: Path, settle_s: float) -> float:
@@ -248,9 +276,7 @@ def _run_daemon(files: list[Path], associations: int, work: Path, settle_s: floa
         # Engines load and warm up after the port opens; their start-up is not ingest.
         _wait_readyz(http_port)
         time.sleep(settle_s)
-        rate = send(files, port, associations)
-    shutil.rmtree(data, ignore_errors=True)
-    return rate
+        return send(files, port, associations)
 
 
 def _run_orthanc(files: list[Path], associations: int, work: Path, settle_s: float) -> float:
@@ -264,7 +290,6 @@ def _run_orthanc(files: list[Path], associations: int, work: Path, settle_s: flo
         kept = len(pacs.get("/instances"))
     finally:
         pacs.stop()
-        shutil.rmtree(pacs.root, ignore_errors=True)
     if kept != len(files):
         raise RuntimeError(f"Orthanc kept {kept} of {len(files)} images")
     return rate
@@ -282,9 +307,10 @@ def _wait_readyz(http_port: int, timeout_s: float = 180) -> None:
     raise RuntimeError(f"daemon not ready within {timeout_s:.0f} s")
 
 
-def _print_table(images: int, rows: list[Row]) -> None:
+def _print_table(images: int, rows: list[Row], filesystem: str) -> None:
     print()
     print(f"ingest, {images} images per run, loopback, TCP_NODELAY=1, medians of rounds")
+    print(f"written to {filesystem}; every run's output kept, disk synced between runs")
     print("storescp writes without fsync; imaging-ai fsyncs each file and commits its row first")
     print("ratio: median over rounds of imaging-ai / storescp run in the same round")
     orthanc = any(row.orthanc is not None for row in rows)
