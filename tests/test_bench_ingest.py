@@ -29,7 +29,7 @@ def fake_servers(
         log.append(name)
         return next(runs[name])
 
-    monkeypatch.setattr(ingest, "_sync_disk", lambda: log.append("sync"))
+    monkeypatch.setattr(ingest, "_sync_disk", lambda quiet_s: log.append(f"sync {quiet_s}"))
 
     monkeypatch.setattr(
         ingest,
@@ -92,8 +92,9 @@ def test_every_run_is_followed_by_a_sync_of_the_disk(monkeypatch: pytest.MonkeyP
     events: list[str] = []
     rates = {"storescp": [1.0, 1.0], "tuned": [1.0, 1.0], "orthanc": [1.0, 1.0], "ours": [1.0, 1.0]}
     fake_servers(monkeypatch, rates, events)
-    ingest._rounds([], 1, Path("."), 2, 0.0, orthanc=True)
-    assert events == ["storescp", "sync", "tuned", "sync", "orthanc", "sync", "ours", "sync"] * 2
+    ingest._rounds([], 1, Path("."), 2, 0.0, orthanc=True, quiet_s=9.0)
+    sync = "sync 9.0"
+    assert events == ["storescp", sync, "tuned", sync, "orthanc", sync, "ours", sync] * 2
 
 
 @pytest.mark.skipif(shutil.which("storescp") is None, reason="needs DCMTK storescp")

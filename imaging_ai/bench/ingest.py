@@ -10,11 +10,11 @@ With ``--orthanc``, Debian's Orthanc runs in each round too (before imaging-ai):
 indexes every instance it receives, a reference that keeps more than files.
 
 Every run's output is kept until the whole benchmark ends, and the disk is synced after each
-run (outside its timing), so that no server writes while an earlier run's files are written
-back or pays for their deletion. On ext4 without a journal, creating a file steps over every
-inode freed in the last minute or more: deleting each run's output at once slowed the next
-server's file creation, storescp's most (docs/benchmarks.md). The table names the
-filesystem the runs wrote to.
+run and given ``--quiet-s`` to go quiet (outside any timing), so that no server writes while
+an earlier run's files are written back or pays for their deletion. On ext4 without a
+journal, creating a file steps over every inode freed in the last minute or more: deleting
+each run's output at once slowed the next server's file creation, storescp's most
+(docs/benchmarks.md). The table names the filesystem the runs wrote to.
 """
 
 from __future__ import annotations
@@ -44,6 +44,11 @@ CALLING_AE = "STORESCU"
 # fault on the host: a server started slowly (the daemon) wrote into returned memory while
 # one started at once (storescp) reused the pages its previous run had just freed.
 SETTLE_S = 3.0
+# Seconds to wait after syncing the disk between runs. The sync returns once this guest has
+# written its data, but the virtual disk behind it can take longer to go quiet: with a 3 s
+# pause the daemon, which fsyncs, received 300-371 img/s with four associations after a
+# storescp run's sync; with 20 s, 387-484 (docs/benchmarks.md).
+QUIET_S = 15.0
 # Free space left over once every run's output is kept (the daemon's database, the phantom).
 _DISK_MARGIN = 1 << 30
 
@@ -59,6 +64,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--orthanc",
         action="store_true",
         help="also run Debian's Orthanc, a PACS that indexes each instance, in every round",
+    )
+    parser.add_argument(
+        "--quiet-s",
+        type=float,
+        default=QUIET_S,
+        help=f"pause after syncing the disk between runs (default {QUIET_S})",
     )
     parser.add_argument(
         "--settle-s",
@@ -92,7 +103,10 @@ def run(args: argparse.Namespace) -> int:
                 file=sys.stderr,
             )
             return 2
-        rows = [_rounds(files, n, work, args.repeats, args.settle_s, args.orthanc) for n in counts]
+        rows = [
+            _rounds(files, n, work, args.repeats, args.settle_s, args.orthanc, args.quiet_s)
+            for n in counts
+        ]
         filesystem = describe_filesystem(work)
     _print_table(len(files), rows, filesystem)
     return 0
@@ -140,20 +154,26 @@ class Row:
 
 
 def _rounds(
-    files: list[Path], n: int, work: Path, repeats: int, settle_s: float, orthanc: bool = False
+    files: list[Path],
+    n: int,
+    work: Path,
+    repeats: int,
+    settle_s: float,
+    orthanc: bool = False,
+    quiet_s: float = QUIET_S,
 ) -> Row:
     """Run the servers ``repeats`` times in turn; medians of rates and of ratios."""
     runs: dict[str, list[float]] = {"storescp": [], "tuned": [], "ours": [], "orthanc": []}
     for _ in range(repeats):
         runs["storescp"].append(_run_storescp(files, n, work, False, settle_s))
-        _sync_disk()
+        _sync_disk(quiet_s)
         runs["tuned"].append(_run_storescp(files, n, work, True, settle_s))
-        _sync_disk()
+        _sync_disk(quiet_s)
         if orthanc:
             runs["orthanc"].append(_run_orthanc(files, n, work, settle_s))
-            _sync_disk()
+            _sync_disk(quiet_s)
         runs["ours"].append(_run_daemon(files, n, work, settle_s))
-        _sync_disk()
+        _sync_disk(quiet_s)
         extra = f", Orthanc {runs['orthanc'][-1]:.0f}" if orthanc else ""
         print(
             f"  {n} association(s): storescp {runs['storescp'][-1]:.0f}, tuned storescp "
@@ -177,9 +197,11 @@ def _rounds(
     )
 
 
-def _sync_disk() -> None:
-    """Write back what the last run left in memory (storescp never syncs), before the next."""
+def _sync_disk(quiet_s: float) -> None:
+    """Write back what the last run left in memory (storescp never syncs), then let the disk
+    go quiet, before the next run."""
     os.sync()
+    time.sleep(quiet_s)
 
 
 def wait_port(port: int, proc: subprocess.Popen[bytes], timeout_s: float = 30) -> None:
@@ -310,7 +332,7 @@ def _wait_readyz(http_port: int, timeout_s: float = 180) -> None:
 def _print_table(images: int, rows: list[Row], filesystem: str) -> None:
     print()
     print(f"ingest, {images} images per run, loopback, TCP_NODELAY=1, medians of rounds")
-    print(f"written to {filesystem}; every run's output kept, disk synced between runs")
+    print(f"written to {filesystem}; every run's output kept, disk synced and quiet between runs")
     print("storescp writes without fsync; imaging-ai fsyncs each file and commits its row first")
     print("ratio: median over rounds of imaging-ai / storescp run in the same round")
     orthanc = any(row.orthanc is not None for row in rows)
