@@ -166,6 +166,7 @@ def describe_filesystem(path: Path, root: Path = Path("/")) -> str:
     the last minute or more, which slows file creation after a server's output is deleted.
     ``root`` holds the ``proc`` and ``sys`` trees read (another one in tests).
     """
+    target = path.resolve()
     best: tuple[str, str, str, str] | None = None  # mount point, MAJ:MIN, type, source
     for line in (root / "proc" / "self" / "mountinfo").read_text().splitlines():
         fields, _, rest = line.partition(" - ")
@@ -173,8 +174,8 @@ def describe_filesystem(path: Path, root: Path = Path("/")) -> str:
         if len(parts) < 5 or len(tail) < 2:
             continue
         mount_point = _unescape_mount(parts[4])
-        inside = path.resolve().is_relative_to(mount_point)
-        if inside and (best is None or len(mount_point) >= len(best[0])):
+        longer = best is None or len(mount_point) >= len(best[0])
+        if longer and target.is_relative_to(mount_point):
             best = (mount_point, parts[2], tail[0], tail[1])
     if best is None:
         return "an unknown filesystem"
