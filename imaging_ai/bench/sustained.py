@@ -34,6 +34,7 @@ from pathlib import Path
 import pydicom
 from pydicom.uid import generate_uid
 
+from imaging_ai.bench.harness import describe_filesystem
 from imaging_ai.bench.orthanc import OrthancPacs
 from imaging_ai.bench.schedule import make_study
 from imaging_ai.bench.stack import PRIORITY_ORDER, Hospital, HospitalOptions
@@ -154,7 +155,7 @@ def run(args: argparse.Namespace, sender: Sender | None = None) -> int:
         copies = sender.copy_all(jobs)
         print(
             f"prepared {len(copies)} studies of {args.slices} slices "
-            f"({time.monotonic() - started:.0f} s)",
+            f"({time.monotonic() - started:.0f} s); data on {describe_filesystem(work)}",
             flush=True,
         )
         options = HospitalOptions(1.0, 1.0, 0.2, log_level="WARNING")

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from imaging_ai.bench.harness import ENGINES_DIR
+from imaging_ai.bench.harness import ENGINES_DIR, describe_filesystem
 from imaging_ai.bench.orthanc import OrthancPacs
 from imaging_ai.bench.schedule import make_study
 from imaging_ai.bench.stack import Hospital, HospitalOptions, study_identity
@@ -79,7 +79,8 @@ def run(
             wait_ready(hospital)
             results = _all(hospital, studies, args, started)
             # Reported before the daemon stops, so a slow shutdown cannot cost the figures.
-            return report(results, bare, f"{backend}, PACS {pacs.__name__}", args)
+            setup = f"{backend}, PACS {pacs.__name__}, data on {describe_filesystem(work)}"
+            return report(results, bare, setup, args)
 
 
 def report(results: list[StudyStages], bare: float, setup: str, args: argparse.Namespace) -> int:
