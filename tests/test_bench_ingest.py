@@ -41,17 +41,18 @@ def fake_servers(
     return settles
 
 
+# Three rounds on a drifting machine: round 2 runs everything at half speed.
+DRIFTING = {
+    "storescp": [800.0, 400.0, 700.0],
+    "tuned": [1000.0, 500.0, 900.0],
+    "ours": [600.0, 320.0, 420.0],
+}
+
+
 def test_ratio_is_the_median_of_each_rounds_own_ratio(monkeypatch: pytest.MonkeyPatch) -> None:
-    # The machine drifts: round 2 runs everything at half speed. Medians of the rates alone
-    # would pair round 1's storescp with round 3's daemon; each round's own ratio does not.
-    settles = fake_servers(
-        monkeypatch,
-        {
-            "storescp": [800.0, 400.0, 700.0],
-            "tuned": [1000.0, 500.0, 900.0],
-            "ours": [600.0, 320.0, 420.0],
-        },
-    )
+    # Medians of the rates alone would pair round 1's storescp with round 3's daemon; each
+    # round's own ratio does not.
+    settles = fake_servers(monkeypatch, DRIFTING)
     row = ingest._rounds([], 4, Path("."), 3, 2.5)
     assert (row.storescp, row.tuned, row.ours) == (700.0, 900.0, 420.0)
     assert row.ratio == pytest.approx(0.75)  # rounds: 0.75, 0.80, 0.60
@@ -60,15 +61,7 @@ def test_ratio_is_the_median_of_each_rounds_own_ratio(monkeypatch: pytest.Monkey
 
 
 def test_orthanc_runs_in_each_round_with_its_own_ratio(monkeypatch: pytest.MonkeyPatch) -> None:
-    settles = fake_servers(
-        monkeypatch,
-        {
-            "storescp": [800.0, 400.0, 700.0],
-            "tuned": [1000.0, 500.0, 900.0],
-            "orthanc": [300.0, 100.0, 280.0],
-            "ours": [600.0, 320.0, 420.0],
-        },
-    )
+    settles = fake_servers(monkeypatch, {**DRIFTING, "orthanc": [300.0, 100.0, 280.0]})
     row = ingest._rounds([], 4, Path("."), 3, 1.5, orthanc=True)
     assert row.orthanc == 280.0
     assert row.ratio_orthanc == pytest.approx(2.0)  # rounds: 2.0, 3.2, 1.5
@@ -90,8 +83,7 @@ def test_orthanc_run_sends_for_real_and_counts_what_it_kept(tmp_path: Path) -> N
 def test_every_run_is_followed_by_a_sync_of_the_disk(monkeypatch: pytest.MonkeyPatch) -> None:
     # storescp leaves its files unwritten: the next server must not pay for their writeback.
     events: list[str] = []
-    rates = {"storescp": [1.0, 1.0], "tuned": [1.0, 1.0], "orthanc": [1.0, 1.0], "ours": [1.0, 1.0]}
-    fake_servers(monkeypatch, rates, events)
+    fake_servers(monkeypatch, {**DRIFTING, "orthanc": [1.0, 1.0]}, events)
     ingest._rounds([], 1, Path("."), 2, 0.0, orthanc=True, quiet_s=9.0)
     sync = "sync 9.0"
     assert events == ["storescp", sync, "tuned", sync, "orthanc", sync, "ours", sync] * 2

@@ -92,8 +92,8 @@ def run(args: argparse.Namespace) -> int:
         work = Path(tmp)
         files = _study_files(args, work)
         counts = [int(n) for n in str(args.associations).split(",")]
-        servers = 4 if args.orthanc else 3
-        needed = sum(p.stat().st_size for p in files) * servers * args.repeats * len(counts)
+        runs = len(_servers(args.orthanc)) * args.repeats * len(counts)
+        needed = sum(p.stat().st_size for p in files) * runs
         free = shutil.disk_usage(work).free
         if free < needed + _DISK_MARGIN:
             print(
@@ -163,17 +163,11 @@ def _rounds(
     quiet_s: float = QUIET_S,
 ) -> Row:
     """Run the servers ``repeats`` times in turn; medians of rates and of ratios."""
-    runs: dict[str, list[float]] = {"storescp": [], "tuned": [], "ours": [], "orthanc": []}
+    runs: dict[str, list[float]] = {name: [] for name in _servers(orthanc)}
     for _ in range(repeats):
-        runs["storescp"].append(_run_storescp(files, n, work, False, settle_s))
-        _sync_disk(quiet_s)
-        runs["tuned"].append(_run_storescp(files, n, work, True, settle_s))
-        _sync_disk(quiet_s)
-        if orthanc:
-            runs["orthanc"].append(_run_orthanc(files, n, work, settle_s))
+        for name, server_runs in runs.items():
+            server_runs.append(_run_server(name, files, n, work, settle_s))
             _sync_disk(quiet_s)
-        runs["ours"].append(_run_daemon(files, n, work, settle_s))
-        _sync_disk(quiet_s)
         extra = f", Orthanc {runs['orthanc'][-1]:.0f}" if orthanc else ""
         print(
             f"  {n} association(s): storescp {runs['storescp'][-1]:.0f}, tuned storescp "
@@ -195,6 +189,20 @@ def _rounds(
         statistics.median(runs["orthanc"]) if orthanc else None,
         ratio(runs["orthanc"]) if orthanc else None,
     )
+
+
+def _servers(orthanc: bool) -> list[str]:
+    """The servers of one round, in the order they run (Orthanc only with ``--orthanc``)."""
+    return ["storescp", "tuned", *(["orthanc"] if orthanc else []), "ours"]
+
+
+def _run_server(name: str, files: list[Path], n: int, work: Path, settle_s: float) -> float:
+    """One run of the server ``name`` (see `_servers`); images/s."""
+    if name == "orthanc":
+        return _run_orthanc(files, n, work, settle_s)
+    if name == "ours":
+        return _run_daemon(files, n, work, settle_s)
+    return _run_storescp(files, n, work, name == "tuned", settle_s)
 
 
 def _sync_disk(quiet_s: float) -> None:
