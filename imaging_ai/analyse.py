@@ -55,6 +55,10 @@ class Analysis:
     organ_volumes_ml: dict[str, float]
     models: dict[str, dict[str, str]]
     timings_s: dict[str, float] = field(default_factory=dict)
+    # Every candidate the detector proposed, reported or not (``lesions`` holds the reported
+    # ones), and plain-words limits of the input (thick slices, gaps) for every report.
+    candidates: tuple[Lesion, ...] = ()
+    caveats: tuple[str, ...] = ()
 
     def findings_json(self) -> dict[str, Any]:
         """The findings as JSON: lesions, organ volumes, model versions, timings."""
@@ -62,6 +66,8 @@ class Analysis:
             "study_uid": self.volume.study_instance_uid,
             "series_uid": self.volume.series_instance_uid,
             "lesions": [lesion.as_json() for lesion in self.lesions],
+            "candidates": [lesion.as_json() for lesion in self.candidates],
+            "caveats": list(self.caveats),
             "organ_volumes_ml": {k: round(v, 1) for k, v in self.organ_volumes_ml.items()},
             "models": self.models,
             "timings_s": {k: round(v, 3) for k, v in self.timings_s.items()},

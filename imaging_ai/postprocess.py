@@ -38,6 +38,10 @@ class Lesion:
     slices: tuple[int, int]
     voxels: int
     voxel_index: NDArray[np.intp] = field(repr=False, compare=False)
+    # The candidate classifier's probability that this is a nodule (None: no classifier ran),
+    # and whether it passed the classifier card's operating point and so is reported.
+    probability: float | None = None
+    reported: bool = True
 
     def as_json(self) -> dict[str, Any]:
         """JSON-ready form (rounded for people, not for maths)."""
@@ -52,6 +56,8 @@ class Lesion:
             "max_probability": round(self.max_probability, 3),
             "location": f"{self.side} lung" if self.side else "lung",
             "slices": list(self.slices),
+            "probability": None if self.probability is None else round(self.probability, 3),
+            "reported": self.reported,
         }
 
 
