@@ -36,6 +36,7 @@ _TEXT = {
     0x00080016: "SOPClassUID",
     0x00080018: "SOPInstanceUID",
     0x00080060: "Modality",
+    0x00180050: "SliceThickness",
     0x00181120: "GantryDetectorTilt",
     0x0020000D: "StudyInstanceUID",
     0x0020000E: "SeriesInstanceUID",

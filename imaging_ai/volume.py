@@ -42,7 +42,12 @@ _FUNCTIONAL_GROUP = {
     "RescaleSlope": "PixelValueTransformation",
     "RescaleIntercept": "PixelValueTransformation",
     "GantryDetectorTilt": "CTAcquisitionDetails",
+    "SliceThickness": "PixelMeasures",
 }
+# A series covering less than this share of the longest one's extent is a targeted slab.
+_COVERAGE = 0.6
+# ImageType values (PS3.3 C.8.16.1.1, and vendors' usage) of images derived by reformatting.
+_REFORMATS = frozenset({"REFORMATTED", "MPR", "MIP", "MINIP", "PROJECTION IMAGE"})
 # Direction cosines are decimal strings; scanners round them to about 6 digits.
 _COSINE_TOL = 1e-3
 # A step this short is the same position written twice, not a thin slice.
@@ -60,7 +65,9 @@ class Volume:
     ``direction`` holds the row direction, the column direction and the slice normal as its
     columns, so ``lps = origin + direction @ (spacing * ijk)``. For multi-frame instances
     ``sop_instance_uids`` repeats the instance's UID and ``frame_numbers`` tells the frames apart
-    (1 for every single-frame instance).
+    (1 for every single-frame instance). ``slice_thickness_mm`` is the series' SliceThickness
+    (the reconstructed slice's width, which may differ from the spacing between slices), or
+    None where the files do not say.
     """
 
     hu: NDArray[np.float32]
@@ -72,6 +79,7 @@ class Volume:
     study_instance_uid: str
     frame_of_reference_uid: str
     frame_numbers: tuple[int, ...] = ()
+    slice_thickness_mm: float | None = None
 
     def __post_init__(self) -> None:
         if self.hu.ndim != 3 or self.direction.shape != (3, 3):
@@ -115,6 +123,7 @@ class _Frame:
     slope: float
     intercept: float
     tilt_deg: float
+    thickness_mm: float | None
     pixels: NDArray[Any]
 
 
@@ -177,12 +186,18 @@ def group_series(paths: Iterable[Path]) -> dict[str, list[Path]]:
 
 
 def pick_series(series: Mapping[str, Sequence[Path]]) -> str:
-    """Choose the series of a study to analyse.
+    """Choose the series of a study to analyse: the thinnest axial series that covers the chest.
 
-    The rule: among CT image series (CT or Enhanced CT storage, not localizers) whose slice normal
-    lies closest to the patient's head–foot axis (axial), take the one with the most slices; ties
-    go to thinner SliceThickness, then the lower SeriesNumber, then the UID. Each series is judged
-    by the header of its first file.
+    The candidates are CT image series (CT or Enhanced CT storage, not localizers) whose slice
+    normal lies closest to the patient's head–foot axis (axial). A candidate is suitable when
+    it is not a reformat (ImageType REFORMATTED, MPR, MIP, MINIP or PROJECTION IMAGE) and spans
+    at least 60 % of the longest candidate's extent along the slice normal, so a thin targeted
+    slab does not win over the whole chest. Among suitable series the thinnest wins (its
+    SliceThickness, else its spacing between slices: nodules are found on thin slices), then
+    the one with more slices, the lower SeriesNumber, the UID. Where none is suitable the
+    candidate with the most slices wins. Each series' kind is judged by the header of its
+    first file; extents are read from every file's position only where a study has several
+    candidates.
 
     Parameters
     ----------
@@ -199,20 +214,77 @@ def pick_series(series: Mapping[str, Sequence[Path]]) -> str:
     UnsupportedInput
         No series qualifies; the message lists what the study holds.
     """
-    ranked: list[tuple[int, float, int, str]] = []
-    seen: list[str] = []
-    for uid, paths in series.items():
-        ds = _dcmread(paths[0], _SUMMARY_TAGS)
-        kind = _series_kind(ds)
-        seen.append(f"{uid} ({kind}, {len(paths)} files)")
-        if kind == "axial CT":
-            slices = len(paths) * int(ds.get("NumberOfFrames", 1) or 1)
-            thickness = float(ds.get("SliceThickness", 0.0) or 0.0)
-            number = int(ds.get("SeriesNumber", 0) or 0)
-            ranked.append((-slices, thickness, number, uid))
-    if not ranked:
-        raise UnsupportedInput(f"the study has no axial CT series; it holds: {'; '.join(seen)}")
-    return min(ranked)[3]
+    facts = [_facts(uid, paths) for uid, paths in series.items()]
+    axial = [f for f in facts if f.kind == "axial CT"]
+    if not axial:
+        seen = "; ".join(f"{f.uid} ({f.kind}, {len(series[f.uid])} files)" for f in facts)
+        raise UnsupportedInput(f"the study has no axial CT series; it holds: {seen}")
+    if len(axial) == 1:
+        return axial[0].uid
+    extents = {f.uid: _extent(series[f.uid]) for f in axial}
+    longest = max(extent for extent, _ in extents.values())
+
+    def rank(f: _SeriesFacts) -> tuple[bool, float, int, int, str]:
+        extent, spacing = extents[f.uid]
+        suitable = not f.reformat and extent >= _COVERAGE * longest
+        thickness = f.thickness_mm or spacing
+        return (not suitable, thickness if suitable else 0.0, -f.slices, f.number, f.uid)
+
+    return min(axial, key=rank).uid
+
+
+@dataclass(frozen=True)
+class _SeriesFacts:
+    """What the first file of a series says about it."""
+
+    uid: str
+    kind: str
+    slices: int
+    thickness_mm: float | None
+    number: int
+    reformat: bool
+
+
+def _facts(uid: str, paths: Sequence[Path]) -> _SeriesFacts:
+    ds = _dcmread(paths[0], _SUMMARY_TAGS)
+    image_type = {str(v).upper() for v in ds.get("ImageType", [])}
+    thickness = ds.get("SliceThickness")
+    if thickness is None and "SharedFunctionalGroupsSequence" in ds:
+        shared = ds.SharedFunctionalGroupsSequence[0]
+        thickness = _groups(Dataset(), shared)("SliceThickness").get("SliceThickness")
+    return _SeriesFacts(
+        uid=uid,
+        kind=_series_kind(ds),
+        slices=len(paths) * int(ds.get("NumberOfFrames", 1) or 1),
+        thickness_mm=_thickness(thickness),
+        number=int(ds.get("SeriesNumber", 0) or 0),
+        reformat=bool(image_type & _REFORMATS),
+    )
+
+
+def _extent(paths: Sequence[Path]) -> tuple[float, float]:
+    """(extent, median spacing) of a series' images along their slice normal, in mm; (0, 0)
+    where the positions cannot be read (that series is then not judged suitable)."""
+    try:
+        positions = [p for path in paths for p in _positions(path)]
+        normal = _normal(_dcmread(paths[0], _SUMMARY_TAGS), paths[0].name)
+        along = np.unique(np.round(np.asarray(positions) @ normal, 3))
+    except (ImagingAIError, *_UNREADABLE_VALUE, IndexError, KeyError):
+        return 0.0, 0.0
+    if len(along) < 2:
+        return 0.0, 0.0
+    return float(along[-1] - along[0]), float(np.median(np.diff(along)))
+
+
+def _positions(path: Path) -> list[tuple[float, ...]]:
+    """ImagePositionPatient of each frame of one file (one for a single-frame image)."""
+    ds = _dcmread(path, ["ImagePositionPatient", "PerFrameFunctionalGroupsSequence"])
+    if "PerFrameFunctionalGroupsSequence" not in ds:
+        return [_floats(ds, "ImagePositionPatient", 3, path.name)]
+    return [
+        _floats(item.PlanePositionSequence[0], "ImagePositionPatient", 3, path.name)
+        for item in ds.PerFrameFunctionalGroupsSequence
+    ]
 
 
 def _series_kind(ds: Dataset) -> str:
@@ -221,12 +293,18 @@ def _series_kind(ds: Dataset) -> str:
         return f"{modality} {ds.get('SOPClassUID', 'no SOP class')}"
     if "LOCALIZER" in [str(v).upper() for v in ds.get("ImageType", [])]:
         return "CT localizer"
+    normal = np.abs(_normal(ds, "first file"))
+    return "axial CT" if int(np.argmax(normal)) == 2 else "non-axial CT"
+
+
+def _normal(ds: Dataset, where: str) -> NDArray[np.float64]:
+    """The slice normal from ImageOrientationPatient (Enhanced CT: its shared group)."""
     source = ds
     if "SharedFunctionalGroupsSequence" in ds:
         source = _groups(Dataset(), ds.SharedFunctionalGroupsSequence[0])("ImageOrientationPatient")
-    cosines = np.asarray(_floats(source, "ImageOrientationPatient", 6, "first file"))
-    normal = np.abs(np.cross(cosines[:3], cosines[3:]))
-    return "axial CT" if int(np.argmax(normal)) == 2 else "non-axial CT"
+    cosines = np.asarray(_floats(source, "ImageOrientationPatient", 6, where))
+    normal: NDArray[np.float64] = np.cross(cosines[:3], cosines[3:])
+    return normal
 
 
 def _dcmread(path: Path, header_tags: list[str] | None = None) -> Dataset:
@@ -317,8 +395,19 @@ def _frame(
         slope=_floats(source("RescaleSlope"), "RescaleSlope", 1, where)[0],
         intercept=_floats(source("RescaleIntercept"), "RescaleIntercept", 1, where)[0],
         tilt_deg=float(tilt or 0.0),
+        thickness_mm=_thickness(source("SliceThickness").get("SliceThickness")),
         pixels=pixels,
     )
+
+
+def _thickness(value: Any) -> float | None:
+    """SliceThickness in mm, or None where absent or unreadable: it is Type 2 and only ever
+    qualifies the result (a caveat), so a bad value must not refuse the series."""
+    try:
+        thickness = float(value)
+    except (*_UNREADABLE_VALUE, IndexError):
+        return None
+    return thickness if np.isfinite(thickness) and thickness > 0 else None
 
 
 def _check_instance(ds: Dataset, where: str) -> None:
@@ -415,7 +504,14 @@ def _assemble(frames: list[_Frame], min_slices: int, workers: int = 1) -> Volume
         study_instance_uid=study,
         frame_of_reference_uid=frame_of_reference,
         frame_numbers=tuple(f.frame_number for f in ordered),
+        slice_thickness_mm=_series_thickness(ordered),
     )
+
+
+def _series_thickness(frames: list[_Frame]) -> float | None:
+    # Scanners write one thickness per series; the median ignores a stray odd slice.
+    known = [f.thickness_mm for f in frames if f.thickness_mm is not None]
+    return float(np.median(known)) if known else None
 
 
 def _hounsfield(ordered: list[_Frame], workers: int) -> NDArray[np.float32]:
