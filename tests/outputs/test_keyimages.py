@@ -1,0 +1,113 @@
+"""keyimages: one PNG per finding, drawn through its centre with its outline where its border is."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from io import BytesIO
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from imaging_ai.outputs.files import _save_bytes
+from imaging_ai.outputs.keyimages import (
+    FULL_MAX_PX,
+    KEY_IMAGE_NAME,
+    NOT_REPORTED,
+    REPORTED,
+    centre_slice,
+    findings,
+    key_image_name,
+    lesion_key_image,
+    write_key_images,
+)
+from imaging_ai.postprocess import Lesion
+from imaging_ai.render import outline
+from tests.outputs.conftest import Study
+
+
+def _rgb(data: bytes) -> np.ndarray:
+    image = Image.open(BytesIO(data))
+    assert image.format == "PNG"
+    return np.asarray(image.convert("RGB"))
+
+
+def _mask(lesion: Lesion, k: int, shape: tuple[int, ...]) -> np.ndarray:
+    on = lesion.voxel_index[lesion.voxel_index[:, 0] == k]
+    mask = np.zeros(shape, bool)
+    mask[on[:, 1], on[:, 2]] = True
+    return mask
+
+
+def test_one_file_per_lesion_with_the_outline_on_its_border(study: Study, tmp_path: Path) -> None:
+    analysis = study.analysis
+    paths = write_key_images(analysis, tmp_path, _save_bytes)
+    assert [p.name for p in paths] == ["key-1.png", "key-2.png"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["key-1.png", "key-2.png"]
+    shape = analysis.volume.hu.shape[1:]
+    assert max(shape) <= FULL_MAX_PX  # whole slice drawn 1:1, so pixels are slice pixels
+    for lesion, path in zip(analysis.lesions, paths, strict=True):
+        pixels = _rgb(path.read_bytes())
+        assert pixels.shape[0] == shape[0] and pixels.shape[1] > shape[1]  # plus the close-up
+        k = centre_slice(lesion)
+        assert lesion.slices[0] <= k <= lesion.slices[1]
+        mask = _mask(lesion, k, shape)
+        whole = pixels[:, : shape[1]]
+        yellow = (whole == REPORTED).all(axis=2)
+        assert yellow[outline(mask)].all(), "the outline is drawn on the lesion's border"
+        assert not yellow[mask & ~outline(mask)].any(), "its inside is left as the CT shows it"
+        assert (pixels[:, shape[1] + 4 :] == REPORTED).all(axis=2).any(), "close-up outlined"
+
+
+def test_candidates_not_reported_are_blue_and_listed(study: Study, tmp_path: Path) -> None:
+    a, b = study.analysis.lesions
+    analysis = replace(
+        study.analysis,
+        candidates=(replace(a, number=1), replace(b, number=2, reported=False, probability=0.1)),
+        lesions=(replace(a, number=1),),
+    )
+    assert [x.number for x in findings(analysis)] == [1, 2]
+    paths = write_key_images(analysis, tmp_path, _save_bytes)
+    assert [p.name for p in paths] == ["key-1.png", "key-2.png"]
+    blue = (_rgb(paths[1].read_bytes()) == NOT_REPORTED).all(axis=2)
+    k = centre_slice(b)
+    shape = analysis.volume.hu.shape[1:]
+    assert blue[: shape[0], : shape[1]][outline(_mask(b, k, shape))].all()
+    assert not (_rgb(paths[1].read_bytes()) == REPORTED).all(axis=2).any()
+
+
+def test_without_candidates_the_lesions_are_the_findings(study: Study) -> None:
+    assert study.analysis.candidates == ()
+    assert findings(study.analysis) == study.analysis.lesions
+
+
+def test_no_findings_no_files(study: Study, tmp_path: Path) -> None:
+    analysis = replace(study.analysis, lesions=(), candidates=())
+    assert write_key_images(analysis, tmp_path, _save_bytes) == []
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_centre_slice_of_a_lesion_that_misses_its_mean_slice(study: Study) -> None:
+    lesion = study.analysis.lesions[0]
+    # Four voxels on slice 2, three on slice 6: the mean (3.7) rounds to 4, which it misses.
+    idx = np.array([[2, 5, 5], [2, 5, 6], [2, 6, 5], [2, 6, 6], [6, 5, 5], [6, 5, 6], [6, 6, 6]])
+    assert round(idx[:, 0].mean()) == 4
+    assert centre_slice(replace(lesion, voxel_index=idx)) == 2
+    straight = np.array([[3, 5, 5], [4, 5, 5], [5, 5, 5], [5, 5, 6]])
+    assert centre_slice(replace(lesion, voxel_index=straight)) == 4
+
+
+def test_close_up_stays_on_the_slice_for_a_lesion_at_the_edge(study: Study) -> None:
+    lesion = study.analysis.lesions[0]
+    k = centre_slice(lesion)
+    idx = np.array([[k, 0, 0], [k, 0, 1], [k, 1, 0], [k, 1, 1]])
+    image = lesion_key_image(study.analysis, replace(lesion, voxel_index=idx))
+    pixels = np.asarray(image.convert("RGB"))
+    assert (pixels[0:2, 0:2] == REPORTED).all()
+
+
+@pytest.mark.parametrize("number", [1, 17, 123456789])
+def test_names_match_what_the_web_serves(number: int) -> None:
+    match = KEY_IMAGE_NAME.fullmatch(key_image_name(number))
+    assert match is not None and int(match.group(1)) == number
