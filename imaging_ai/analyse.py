@@ -13,6 +13,7 @@ import numpy as np
 import SimpleITK as sitk
 from numpy.typing import NDArray
 
+from imaging_ai.candidates import classify_candidates
 from imaging_ai.config import EnginesConfig
 from imaging_ai.errors import ModelError, UnsupportedInput
 from imaging_ai.infer.base import Engine
@@ -130,8 +131,14 @@ def detection_probabilities(model: LoadedModel, volume: Volume) -> NDArray[np.fl
     return out
 
 
-def analyse(volume: Volume, lungs_model: LoadedModel, nodule_model: LoadedModel) -> Analysis:
-    """Segment the lungs, detect nodules, measure them, and time each step."""
+def analyse(
+    volume: Volume,
+    lungs_model: LoadedModel,
+    nodule_model: LoadedModel,
+    candidate_model: LoadedModel | None = None,
+) -> Analysis:
+    """Segment the lungs, detect candidate nodules, decide on each with the candidate classifier
+    (when there is one), measure them, and time each step."""
     timings: dict[str, float] = {}
     t = time.perf_counter()
     lungs = lung_labels(lungs_model, volume)
@@ -140,19 +147,26 @@ def analyse(volume: Volume, lungs_model: LoadedModel, nodule_model: LoadedModel)
     outputs = model_outputs(nodule_model, volume)
     timings[nodule_model.card.name] = time.perf_counter() - t
     t = time.perf_counter()
-    lesions = detect_lesions(outputs, nodule_model.card, volume, lungs)
+    found = detect_lesions(outputs, nodule_model.card, volume, lungs)
     del outputs
+    timings["postprocess"] = time.perf_counter() - t
+    t = time.perf_counter()
+    candidates = classify_candidates(found, volume, lungs, candidate_model)
+    if candidate_model is not None:
+        timings[candidate_model.card.name] = time.perf_counter() - t
+    lesions = tuple(c for c in candidates if c.reported)
     labels = lungs.copy()
     for lesion in lesions:
         labels[tuple(lesion.voxel_index.T)] = LESION
-    timings["postprocess"] = time.perf_counter() - t
+    used = (lungs_model, nodule_model, *([candidate_model] if candidate_model else []))
     return Analysis(
         volume=volume,
         labels=labels,
-        lesions=tuple(lesions),
+        lesions=lesions,
         organ_volumes_ml=organ_volumes_ml(lungs, volume),
-        models={m.card.name: _model_id(m.card) for m in (lungs_model, nodule_model)},
+        models={m.card.name: _model_id(m.card) for m in used},
         timings_s=timings,
+        candidates=tuple(candidates),
     )
 
 
@@ -162,34 +176,64 @@ def _model_id(card: ModelCard) -> dict[str, str]:
 
 @dataclass(frozen=True)
 class Models:
-    """The two models the analysis uses, loaded on the selected backend."""
+    """The models the analysis uses, loaded on the selected backend."""
 
     lungs: LoadedModel
     nodules: LoadedModel
     backend: str
+    candidates: LoadedModel | None = None
 
 
-def discover_cards(config: EnginesConfig) -> tuple[ModelCard, ModelCard]:
-    """Validate every model folder; return the lung and nodule cards the analysis uses.
+@dataclass(frozen=True)
+class Cards:
+    """The cards of the models the analysis uses: lungs, nodule candidates, and the candidate
+    classifier (None when ``[engines] candidate_model`` is empty)."""
+
+    lungs: ModelCard
+    nodules: ModelCard
+    candidates: ModelCard | None = None
+
+    def all(self) -> tuple[ModelCard, ...]:
+        """Every card in use, in the order the analysis runs them."""
+        return (self.lungs, self.nodules, *([self.candidates] if self.candidates else []))
+
+
+_TASKS = {"lung_model": "segmentation", "nodule_model": "detection"}
+
+
+def discover_cards(config: EnginesConfig) -> Cards:
+    """Validate every model folder; return the cards the analysis uses.
 
     Raises
     ------
     ModelError
-        A card is invalid, does not match its ONNX, or a configured model is missing.
+        A card is invalid, does not match its ONNX, a configured model is missing, or a
+        configured model's card has another task than its key asks for.
     """
     cards = {card.name: card for card in discover_models(Path(config.dir))}
-    missing = [n for n in (config.lung_model, config.nodule_model) if n not in cards]
+    wanted = {"lung_model": config.lung_model, "nodule_model": config.nodule_model}
+    if config.candidate_model:
+        wanted["candidate_model"] = config.candidate_model
+    missing = [n for n in wanted.values() if n not in cards]
     if missing:
         raise ModelError(
             f"model(s) {', '.join(missing)} not found in engines.dir {config.dir}; "
             f"found: {', '.join(sorted(cards)) or 'none'}"
         )
-    return cards[config.lung_model], cards[config.nodule_model]
+    for key, name in wanted.items():
+        task = _TASKS.get(key, "classification")
+        if cards[name].task != task:
+            raise ModelError(
+                f"[engines] {key} = {name!r}: its card's task is {cards[name].task!r}, "
+                f"expected {task!r}"
+            )
+    extra = cards.get(config.candidate_model) if config.candidate_model else None
+    return Cards(cards[config.lung_model], cards[config.nodule_model], extra)
 
 
 def load_models(config: EnginesConfig, data_dir: Path) -> Models:
-    """The two models loaded in this process (``imaging-ai infer``; the daemon uses workers)."""
-    lungs, nodules = discover_cards(config)
+    """The models loaded in this process (``imaging-ai infer``; the daemon uses workers)."""
+    cards = discover_cards(config)
     cpu = OrtOptions(intra_op_threads=config.cpu_threads, max_batch_size=config.max_batch_size)
     gpu = replace(cpu, precision="fp16" if config.precision == "fp16" else "fp32")
     backend = make_backend(config.backend, data_dir, ort_cpu=cpu, ort_gpu=gpu)
@@ -197,7 +241,8 @@ def load_models(config: EnginesConfig, data_dir: Path) -> Models:
     def load(card: ModelCard) -> LoadedModel:
         return LoadedModel(card, load_engine(backend, card, cpu=cpu))
 
-    return Models(load(lungs), load(nodules), backend.name)
+    extra = load(cards.candidates) if cards.candidates else None
+    return Models(load(cards.lungs), load(cards.nodules), backend.name, extra)
 
 
 def analyse_study(files: list[Path], models: Models) -> Analysis:
@@ -208,7 +253,7 @@ def analyse_study(files: list[Path], models: Models) -> Analysis:
         raise UnsupportedInput("no DICOM image series in the study")
     volume = load_series(series[pick_series(series)])
     loaded = time.perf_counter() - t
-    result = analyse(volume, models.lungs, models.nodules)
+    result = analyse(volume, models.lungs, models.nodules, models.candidates)
     return replace(result, timings_s={"load": loaded, **result.timings_s})
 
 

@@ -371,7 +371,7 @@ class Batcher:
 
     def _check(self, batch: FloatArray) -> None:
         # A wrong slice must fail its own study here, not the mixed batch it would land in.
-        if batch.dtype != np.float32 or batch.ndim != 4 or batch.shape[1:] != self._input_shape:
+        if batch.dtype != np.float32 or batch.shape[1:] != self._input_shape:
             raise ValueError(
                 f"{self.model}: batch {batch.dtype} {batch.shape}, "
                 f"expected float32 (N, {', '.join(map(str, self._input_shape))})"

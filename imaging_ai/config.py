@@ -45,6 +45,8 @@ class DicomConfig:
     allowed_callers: tuple[AllowedCaller, ...] = ()
     max_pdu: int = 131072
     max_associations: int = 16
+    max_pending_connections: int = 32
+    negotiation_timeout_s: float = 10.0
     receiver_processes: int = 0
     network_timeout_s: float = 60.0
     tls_cert: str = ""
@@ -147,6 +149,11 @@ class HttpConfig:
     session_secret: Secret = field(default_factory=lambda: Secret(""))
     cookie_secure: bool = True
     session_max_age_s: float = 28800.0
+    # Past this many open connections a request is answered 503; past twice as many a new
+    # connection is closed unread. A connection that sends no request head within
+    # header_timeout_s is closed. Both keep a flood from taking the daemon's descriptors.
+    limit_concurrency: int = 256
+    header_timeout_s: float = 10.0
 
 
 @dataclass(frozen=True)
@@ -207,6 +214,8 @@ class EnginesConfig:
     precision: str = "fp16"
     lung_model: str = "lung-seg"
     nodule_model: str = "nodule-det"
+    # The candidate classifier (card task "classification"); "" runs without one.
+    candidate_model: str = ""
     preferred_batch_sizes: tuple[int, ...] = ()
     max_queue_delay_ms: float = 5.0
     max_pending_slices: int = 1024
@@ -526,6 +535,12 @@ def _validate_dicom(d: DicomConfig) -> None:
         raise ConfigError(f"dicom.receiver_processes must be >= 0, got {d.receiver_processes}")
     if d.max_associations < 1:
         raise ConfigError(f"dicom.max_associations must be >= 1, got {d.max_associations}")
+    if d.max_pending_connections < 1:
+        raise ConfigError(
+            f"dicom.max_pending_connections must be >= 1, got {d.max_pending_connections}"
+        )
+    if d.negotiation_timeout_s <= 0:
+        raise ConfigError(f"dicom.negotiation_timeout_s must be > 0, got {d.negotiation_timeout_s}")
     if bool(d.tls_cert) != bool(d.tls_key):
         raise ConfigError("dicom.tls_cert and dicom.tls_key must be given together")
 
@@ -539,6 +554,10 @@ def _validate_http(h: HttpConfig) -> None:
         raise ConfigError("http.session_secret must be at least 32 characters when set")
     if h.session_max_age_s <= 0:
         raise ConfigError(f"http.session_max_age_s must be > 0, got {h.session_max_age_s}")
+    if h.limit_concurrency < 1:
+        raise ConfigError(f"http.limit_concurrency must be >= 1, got {h.limit_concurrency}")
+    if h.header_timeout_s <= 0:
+        raise ConfigError(f"http.header_timeout_s must be > 0, got {h.header_timeout_s}")
     names = set()
     for i, token in enumerate(h.tokens):
         if token.role not in ROLES:

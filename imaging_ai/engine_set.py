@@ -54,9 +54,10 @@ class EngineSet:
 
     def __init__(self, config: EnginesConfig, data_dir: Path) -> None:
         self.config = config
-        self.lungs, self.nodules = discover_cards(config)
+        self.cards = discover_cards(config)
+        self.lungs, self.nodules = self.cards.lungs, self.cards.nodules
         spec = WorkerSpec(
-            model_dirs=(self.lungs.folder, self.nodules.folder),
+            model_dirs=tuple(c.folder for c in self.cards.all()),
             backend=config.backend,
             data_dir=data_dir,
             cpu_threads=config.cpu_threads,
@@ -71,9 +72,7 @@ class EngineSet:
             spec, PoolConfig(gpus=gpus, cpu_workers=config.cpu_workers, depth=config.worker_depth)
         )
         knobs = batching_config(config)
-        self.batchers = {
-            c.name: Batcher(c.name, knobs, self.pool) for c in (self.lungs, self.nodules)
-        }
+        self.batchers = {c.name: Batcher(c.name, knobs, self.pool) for c in self.cards.all()}
         self._usage = _Usage()
         self._lock = threading.Lock()
 
@@ -114,7 +113,13 @@ class EngineSet:
                 )
                 return LoadedModel(card, engine)
 
-            yield Models(loaded(self.lungs), loaded(self.nodules), self.backend)
+            extra = self.cards.candidates
+            yield Models(
+                loaded(self.lungs),
+                loaded(self.nodules),
+                self.backend,
+                loaded(extra) if extra else None,
+            )
         finally:
             with self._lock:
                 self._usage.users -= 1
@@ -157,8 +162,7 @@ class EngineSet:
                 for name, b in self.batchers.items()
             },
             "models": {
-                c.name: {"version": c.version, "sha256": c.sha256[:12]}
-                for c in (self.lungs, self.nodules)
+                c.name: {"version": c.version, "sha256": c.sha256[:12]} for c in self.cards.all()
             },
         }
 

@@ -19,7 +19,10 @@ from typing import Any, Literal, NoReturn, cast
 
 from imaging_ai.errors import ModelError
 
-Task = Literal["segmentation", "detection"]
+# "classification": a candidate classifier, which decides on each candidate lesion the detector
+# proposed from a 3-D patch around it (LUNA16's false-positive reduction stage).
+Task = Literal["segmentation", "detection", "classification"]
+TASKS: tuple[Task, ...] = ("segmentation", "detection", "classification")
 OutputKind = Literal["softmax", "sigmoid", "logits"]
 Normalise = Literal["minmax", "zscore"]
 Denoise = Literal["none", "gaussian", "median"]
@@ -55,9 +58,19 @@ class InputSpec:
     height: int
     width: int
     dtype: Literal["float32"] = "float32"
-    layout: Literal["NCHW"] = "NCHW"
+    layout: Literal["NCHW", "NCDHW"] = "NCHW"
     context_slices: int = 0
     context_spacing_mm: float = 0.0
+    depth: int = 0  # voxels along the slice normal of a 3-D patch (NCDHW); 0 for slices
+
+
+@dataclass(frozen=True)
+class PatchSpec:
+    """Where a candidate classifier's 3-D patches are sampled: one isotropic spacing (mm) per
+    input channel, each channel the same candidate at its own scale (field of view = patch size
+    times spacing), centred on the candidate."""
+
+    spacing_mm: tuple[float, ...]
 
 
 @dataclass(frozen=True)
@@ -118,6 +131,7 @@ class ModelCard:
     provenance: Provenance
     folder: Path
     sha256: str
+    patch: PatchSpec | None = None
 
     @property
     def onnx_path(self) -> Path:
@@ -125,9 +139,13 @@ class ModelCard:
         return self.folder / ONNX_FILE
 
     @property
-    def input_shape(self) -> tuple[int, int, int]:
-        """(channels, height, width) of one input slice."""
-        return (self.input.channels, self.input.height, self.input.width)
+    def input_shape(self) -> tuple[int, ...]:
+        """(channels, height, width) of one input slice, or (channels, depth, height, width) of
+        one 3-D patch."""
+        i = self.input
+        if i.depth:
+            return (i.channels, i.depth, i.height, i.width)
+        return (i.channels, i.height, i.width)
 
 
 class _Table:
@@ -238,18 +256,20 @@ def parse_model_card(data: Mapping[str, object], source: Path) -> ModelCard:
         The validated card.
     """
     top = _Table(data, "", source)
-    sections = ("input", "preprocess", "output", "labels", "quality", "provenance")
+    sections = ("input", "preprocess", "output", "labels", "quality", "provenance", "patch")
     top.only("name", "version", "task", "description", *sections)
     name = top.text("name")
     if not _NAME_RE.match(name):
         top.fail("name", name, "expected lower-case letters, digits, '.', '_' or '-' (max 64)")
     output = _parse_output(top.table("output"))
+    task = cast(Task, top.choice("task", TASKS))
+    spec = _parse_input(top.table("input"), patch=task == "classification")
     return ModelCard(
         name=name,
         version=top.text("version"),
-        task=cast(Task, top.choice("task", ("segmentation", "detection"))),
+        task=task,
         description=top.text("description"),
-        input=_parse_input(top.table("input")),
+        input=spec,
         preprocess=_parse_preprocess(top.table("preprocess")),
         output=output,
         labels=_parse_labels(top, output),
@@ -257,11 +277,38 @@ def parse_model_card(data: Mapping[str, object], source: Path) -> ModelCard:
         provenance=_parse_provenance(top.table("provenance")),
         folder=source.parent,
         sha256="",
+        patch=_parse_patch(top, spec) if task == "classification" else _no_patch(top),
     )
 
 
-def _parse_input(t: _Table) -> InputSpec:
+def _no_patch(top: _Table) -> PatchSpec | None:
+    if "patch" in top.data:
+        top.fail("patch", top.data["patch"], 'only a task = "classification" card has a [patch]')
+    return None
+
+
+def _parse_patch(top: _Table, spec: InputSpec) -> PatchSpec:
+    t = top.table("patch")
+    t.only("spacing_mm")
+    spacing = t.get("spacing_mm")
+    if (
+        not isinstance(spacing, list)
+        or len(spacing) != spec.channels
+        or not all(_positive(v) for v in spacing)
+    ):
+        why = f"expected {spec.channels} positive spacings in mm, one per input channel"
+        t.fail("spacing_mm", spacing, why)
+    return PatchSpec(tuple(float(v) for v in spacing))
+
+
+def _positive(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and value > 0
+
+
+def _parse_input(t: _Table, *, patch: bool = False) -> InputSpec:
     t.only("name", "channels", "size", "dtype", "layout", "context_slices", "context_spacing_mm")
+    if patch:
+        return _parse_patch_input(t)
     size = t.get("size")
     if (
         not isinstance(size, list)
@@ -282,6 +329,26 @@ def _parse_input(t: _Table) -> InputSpec:
         t.text("name"), channels, size[0], size[1],
         context_slices=context, context_spacing_mm=spacing,
     )  # fmt: skip
+
+
+def _parse_patch_input(t: _Table) -> InputSpec:
+    """A candidate classifier's input: channels of 3-D patches, [depth, height, width] voxels."""
+    size = t.get("size")
+    if (
+        not isinstance(size, list)
+        or len(size) != 3
+        or not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in size)
+    ):
+        t.fail("size", size, "expected [depth, height, width], three positive integers")
+    t.choice("dtype", ("float32",), "float32")
+    t.choice("layout", ("NCDHW",), "NCDHW")
+    for key in ("context_slices", "context_spacing_mm"):
+        if key in t.data:
+            t.fail(key, t.data[key], "a 3-D patch has no context slices")
+    depth, height, width = size
+    return InputSpec(
+        t.text("name"), t.integer("channels", 1, 1), height, width, layout="NCDHW", depth=depth
+    )
 
 
 def _parse_preprocess(t: _Table) -> PreprocessSpec:
@@ -447,8 +514,9 @@ def _dims(value_info: Any) -> list[Dim]:
 def validate_against_onnx(card: ModelCard, onnx_path: Path | None = None) -> None:
     """Check that an ONNX model has the input and output its card describes.
 
-    The input must exist, have rank 4 with a dynamic batch axis (symbolic, unknown or -1), and
-    its fixed channel, height and width dims must equal the card's; the output must exist and
+    The input must exist, have rank 4 (slices) or 5 (3-D patches) with a dynamic batch axis
+    (symbolic, unknown or -1), and its fixed channel, (depth,) height and width dims must equal
+    the card's; the output must exist and
     its channel axis must equal the card's channel count. No other graph input may exist.
 
     Parameters
@@ -486,16 +554,21 @@ def validate_against_onnx(card: ModelCard, onnx_path: Path | None = None) -> Non
 
 def _check_input_dims(where: str, card: ModelCard, dims: list[Dim]) -> None:
     name = card.input.name
-    if len(dims) != 4:
-        raise ModelError(f"{where}: input {name!r} {_fmt(dims)} has rank {len(dims)}, expected 4")
+    rank = 1 + len(card.input_shape)
+    if len(dims) != rank:
+        raise ModelError(
+            f"{where}: input {name!r} {_fmt(dims)} has rank {len(dims)}, expected {rank}"
+        )
     batch = dims[0]
     if isinstance(batch, int) and batch > 0:
         raise ModelError(
             f"{where}: input {name!r} {_fmt(dims)} has a fixed batch axis of {batch}; "
             "export it with a dynamic batch axis (e.g. dynamic_axes={'image': {0: 'batch'}})"
         )
-    expected = {"channels": card.input.channels, "height": card.input.height}
-    expected["width"] = card.input.width
+    expected = {"channels": card.input.channels}
+    if card.input.depth:
+        expected["depth"] = card.input.depth
+    expected |= {"height": card.input.height, "width": card.input.width}
     for (axis, want), got in zip(expected.items(), dims[1:], strict=True):
         if isinstance(got, int) and got > 0 and got != want:
             raise ModelError(

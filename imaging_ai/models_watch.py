@@ -77,7 +77,7 @@ class ModelWatcher:
                 return False
             self._seen, self.last_error = seen, ""
             self.swap(engines)
-            names = ", ".join(f"{c.name} {c.version}" for c in (engines.lungs, engines.nodules))
+            names = ", ".join(f"{c.name} {c.version}" for c in engines.cards.all())
             log.info("models reloaded: %s on %s", names, engines.backend)
             return True
 

@@ -11,7 +11,7 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -32,11 +32,13 @@ from imaging_ai.outputs.messages import MessageBuilder
 from imaging_ai.outputs.mllp import send_oru
 from imaging_ai.outputs.warm import warm_up_outputs
 from imaging_ai.process import Processor
-from imaging_ai.receive_pool import ReceiverPool, receiver_count
+from imaging_ai.receive_pool import ReceiverPool
 from imaging_ai.schedule import Scheduler
 from imaging_ai.spool import Spool
+from imaging_ai.systemd import NotifySettings, Watchdog
 from imaging_ai.web.app import WebContext, create_app, database_ready, tls_options
 from imaging_ai.web.auth import TokenStore
+from imaging_ai.web.server import server_config
 
 log = logging.getLogger(__name__)
 
@@ -50,9 +52,18 @@ _AFTER_PROCESSING_S = 10.0
 class _Server(uvicorn.Server):
     """uvicorn without its own signal handling: the daemon owns the shutdown order."""
 
+    def __init__(self, config: uvicorn.Config, on_started: Callable[[], None]) -> None:
+        super().__init__(config)
+        self.on_started = on_started
+
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:
         yield
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets)
+        if self.started:
+            self.on_started()
 
 
 class Daemon:
@@ -64,7 +75,7 @@ class Daemon:
     forces an immediate exit.
     """
 
-    def __init__(self, config: Config) -> None:
+    def __init__(self, config: Config, systemd: NotifySettings | None = None) -> None:
         self.config = config
         self.engine = make_engine(config.storage.resolved_database_url)
         self.sessions = session_factory(self.engine)
@@ -94,6 +105,8 @@ class Daemon:
             self.sessions, config, Path(config.storage.data_dir), hl7_sender=_send_hl7
         )
         self.http: _Server | None = None
+        # Under systemd (Type=notify): READY=1 once serving, watchdog pings while healthy.
+        self.watchdog = Watchdog(systemd, self.health) if systemd is not None else None
         self._stopping = threading.Event()
         self._shutdown_by = 0.0  # time.monotonic() by which the shutdown should be over
 
@@ -121,7 +134,7 @@ class Daemon:
         engines.start()
         log.info(
             "models %s on %s",
-            ", ".join(f"{c.name} {c.version}" for c in (engines.lungs, engines.nodules)),
+            ", ".join(f"{c.name} {c.version}" for c in engines.cards.all()),
             engines.backend,
         )
         # While the inference workers load and warm up their engines.
@@ -162,15 +175,23 @@ class Daemon:
             disk = "ok"
         except OutOfResources as exc:
             disk = str(exc)
-        expected = receiver_count(self.config)
-        alive = self.receivers.alive()
-        receivers = "ok" if alive == expected else f"{alive} of {expected} receivers running"
         return {
             "database": database_ready(self.sessions),
             "disk": disk,
-            "receivers": receivers,
+            "receivers": self.receivers.readiness(),
             "engines": self._engines_ready(),
         }
+
+    def health(self) -> str:
+        """Why the daemon cannot take and queue studies, or "ok" (feeds systemd's watchdog)."""
+        ingest = self.receivers.can_accept()
+        if ingest != "ok":
+            return ingest
+        if not self.assembler.alive():
+            return "assembler thread stopped"
+        if self.processor is None or not self.processor.alive():
+            return "processing threads stopped"
+        return "ok"
 
     def _engines_ready(self) -> str:
         if self.processor is None:
@@ -201,7 +222,13 @@ class Daemon:
         engines = self.processor.engines.status() if self.processor else {}
         return {
             "node": self.node,
-            "receivers": {"processes": self.receivers.alive(), **self.receivers.stats.snapshot()},
+            "receivers": {
+                "processes": self.receivers.alive(),
+                "restarts": self.receivers.restarts(),
+                "accepting": self.receivers.can_accept(),
+                **self.receivers.stats.snapshot(),
+            },
+            "receiver_processes": self.receivers.processes(),
             "processing": [c.study_uid for c in claims],
             **engines,
             "models_error": self.models.last_error,
@@ -252,17 +279,16 @@ class Daemon:
             config=self.config,
         )
         tls = tls_options(self.config.http)
-        uv_config = uvicorn.Config(
+        uv_config = server_config(
             create_app(ctx),
-            host=self.config.http.bind,
-            port=self.config.http.port,
+            self.config.http,
             log_level="warning",
             access_log=False,
             lifespan="off",
             ssl_certfile=tls.get("ssl_certfile"),
             ssl_keyfile=tls.get("ssl_keyfile"),
         )
-        self.http = _Server(uv_config)
+        self.http = _Server(uv_config, on_started=self._serving)
         log.info(
             "imaging-ai %s ready: HTTP on %s:%d",
             __version__,
@@ -275,6 +301,10 @@ class Daemon:
                 f"cannot serve HTTP on {self.config.http.bind}:{self.config.http.port}"
             )
 
+    def _serving(self) -> None:
+        if self.watchdog is not None:
+            self.watchdog.ready()
+
     def request_shutdown(self) -> None:
         """Begin the documented shutdown; returns at once."""
         if self._stopping.is_set():
@@ -282,6 +312,8 @@ class Daemon:
         self._shutdown_by = time.monotonic() + SHUTDOWN_S
         self._stopping.set()
         log.info("shutting down: no new associations")
+        if self.watchdog is not None:
+            self.watchdog.stopping()
         self.receivers.stop()
         if self.http is not None:
             self.http.should_exit = True
@@ -344,7 +376,7 @@ def run_daemon(config: Config) -> None:
     """Start the daemon, serve until signalled, shut down in order."""
     faults.arm(os.environ)  # test-only fault injection; off unless IMAGING_AI_FAULT is set
     fixed_mmap_threshold()
-    daemon = Daemon(config)
+    daemon = Daemon(config, NotifySettings.from_environ(os.environ))
     daemon.start()
     daemon.install_signal_handlers()
     try:

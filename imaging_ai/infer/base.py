@@ -94,7 +94,7 @@ def check_batch(batch: FloatArray, card: ModelCard, max_batch_size: int) -> None
     """
     if batch.dtype != np.float32:
         raise ValueError(f"{card.name}: batch dtype is {batch.dtype}, expected float32")
-    if batch.ndim != 4 or tuple(batch.shape[1:]) != card.input_shape:
+    if tuple(batch.shape[1:]) != card.input_shape:
         want = ("N", *card.input_shape)
         raise ValueError(f"{card.name}: batch shape {batch.shape}, expected {want}")
     if not 1 <= batch.shape[0] <= max_batch_size:
@@ -253,7 +253,7 @@ def check_pieces(
     if len(inputs) != len(outputs) or not inputs:
         raise ValueError(f"{card.name}: {len(inputs)} input and {len(outputs)} output pieces")
     for x, y in zip(inputs, outputs, strict=True):
-        if x.dtype != np.float32 or x.ndim != 4 or tuple(x.shape[1:]) != card.input_shape:
+        if x.dtype != np.float32 or tuple(x.shape[1:]) != card.input_shape:
             shape = ("n", *card.input_shape)
             raise ValueError(f"{card.name}: input piece {x.dtype} {x.shape}, expected {shape}")
         if y.dtype != np.float32 or tuple(y.shape) != (len(x), *output_dims):

@@ -81,6 +81,9 @@ class FixedLatencyEngine:
         self._backend.sleep(self._backend.latency_s_per_batch + self._backend.per_slice_s * n)
         channels = np.arange(self._card.output.channels, dtype=np.float32)
         values = channels[None, :] + batch.reshape(n, -1).mean(axis=1)[:, None]
+        if self._card.task == "classification":  # one value per channel per patch
+            out: FloatArray = values.astype(np.float32)
+            return out
         shape = (n, self._card.output.channels, self._card.input.height, self._card.input.width)
         return np.broadcast_to(values[:, :, None, None], shape).astype(np.float32)
 

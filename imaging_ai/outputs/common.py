@@ -7,6 +7,7 @@ DICOM SR, HL7 v2 and FHIR, so the three say the same thing in the same units.
 from __future__ import annotations
 
 import copy
+import logging
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -27,6 +28,8 @@ from imaging_ai.postprocess import Lesion
 
 if TYPE_CHECKING:  # at run time only its attributes are read; importing it loads the engines
     from imaging_ai.analyse import Analysis
+
+log = logging.getLogger(__name__)
 
 MANUFACTURER = "imaging-ai"
 AI_STATEMENT = "AI-generated preliminary result; not verified by a radiologist."
@@ -122,6 +125,8 @@ class Algorithm:
     lungs: ModelId
     nodules: ModelId
     device_serial_number: str = "imaging-ai"
+    # The candidate classifier that decided which of the nodule model's candidates to report.
+    candidates: ModelId | None = None
     institution_name: str = ""
     software_version: str = imaging_ai.__version__
 
@@ -134,14 +139,18 @@ class Algorithm:
         models = [
             ModelId(m["name"], m["version"], m.get("sha256", "")) for m in analysis.models.values()
         ]
-        if not 1 <= len(models) <= 2:
-            raise ValueError(f"expected the lung and the nodule model, got {len(models)} models")
-        return cls(models[0], models[-1], **device)
+        if not 1 <= len(models) <= 3:
+            raise ValueError(
+                f"expected the lung, the nodule and the candidate model, got {len(models)} models"
+            )
+        extra = models[2] if len(models) == 3 else None
+        return cls(models[0], models[min(1, len(models) - 1)], candidates=extra, **device)
 
     @property
     def summary(self) -> str:
         """One line naming the software and both models with their versions."""
-        models = ", ".join(f"{m.name} {m.version}" for m in (self.lungs, self.nodules))
+        used = (self.lungs, self.nodules, *([self.candidates] if self.candidates else []))
+        models = ", ".join(f"{m.name} {m.version}" for m in used)
         return f"{MANUFACTURER} {self.software_version} ({models})"
 
 
@@ -191,9 +200,31 @@ class Report:
     created: datetime
 
 
+@dataclass(frozen=True)
+class SourceHeaders:
+    """The source files' headers, their invalid demographics emptied, and a note for each."""
+
+    datasets: list[Dataset]
+    notes: tuple[str, ...]
+
+
+def source_headers(paths: Iterable[Path]) -> SourceHeaders:
+    """Headers (no pixel data) of the source files, ready to encode into every result.
+
+    Patient and study dates, times and names that are not valid DICOM are emptied
+    (:func:`~imaging_ai.outputs.headers.clean_demographics`); the notes say which, without
+    the values, for the study's record.
+    """
+    datasets = headers.read_headers(list(paths))
+    return SourceHeaders(datasets, headers.clean_demographics(datasets))
+
+
 def read_headers(paths: Iterable[Path]) -> list[Dataset]:
-    """Headers (no pixel data) of the source files, to reference them in SEG and SR."""
-    return headers.read_headers(list(paths))
+    """:func:`source_headers`' datasets, its notes logged: to reference them in SEG and SR."""
+    found = source_headers(paths)
+    for note in found.notes:
+        log.warning("source headers: %s", note)
+    return found.datasets
 
 
 def ordered_sources(
