@@ -14,6 +14,7 @@ from pydicom import Dataset
 from pynetdicom.presentation import PresentationContext, negotiate_as_acceptor
 
 from imaging_ai import dul
+from imaging_ai.admission import Ticket
 
 log = logging.getLogger(__name__)
 
@@ -102,14 +103,23 @@ def _answer(body: bytes, acceptor: Acceptor) -> _Offer:
     return offer
 
 
+_NEGOTIATING = frozenset({dul.A_ASSOCIATE_RQ_TYPE})
+_ASSOCIATED = frozenset({dul.P_DATA_TF_TYPE, dul.A_RELEASE_RQ_TYPE, dul.A_ABORT_TYPE})
+
+
 class Association:
     """One association as acceptor: PS3.8 state machine reduced to what a storage SCP needs."""
 
-    def __init__(self, sock: socket.socket, address: str, acceptor: Acceptor) -> None:
+    def __init__(
+        self, sock: socket.socket, address: str, acceptor: Acceptor, ticket: Ticket | None = None
+    ) -> None:
+        """``ticket``: the connection's wait for admission at the gate, if it has one."""
         self.sock = sock
-        self.pdus = dul.PduReader(sock, acceptor.max_pdu)
+        self.pdus = dul.PduReader(sock)
         self.address = address
         self.acceptor = acceptor
+        self.ticket = ticket
+        self.admitted = False  # accepted: it holds one of the acceptor's places
         self.peer = Peer("", "", address)
         self.contexts: dict[int, PresentationContext] = {}
         self._command = bytearray()
@@ -124,23 +134,26 @@ class Association:
             if self._negotiate():
                 self._serve()
         except dul.ProtocolError as exc:
+            if self.ticket is not None and self.ticket.closed:
+                return  # the gate closed it while it waited, and logged why
             log.warning("association with %s aborted: %s", self.address, exc)
-            self._send_quietly(dul.encode_abort())
+            self._send_quietly(dul.encode_abort(0x02, exc.reason))
         except OSError as exc:
             log.warning("association with %s ended: %s", self.address, exc)
         finally:
             self._discard_partial()
 
     def _negotiate(self) -> bool:
-        pdu_type, body = self.pdus.read(0)
-        if pdu_type != dul.A_ASSOCIATE_RQ_TYPE:
-            raise dul.ProtocolError(f"expected A-ASSOCIATE-RQ, got PDU type 0x{pdu_type:02X}")
+        _, body = self.pdus.read(0, _NEGOTIATING)
         offer = _answer(bytes(body), self.acceptor)
         self.peer = Peer(offer.calling_ae, offer.called_ae, self.address)
+        if self.ticket is not None and not self.ticket.settle():
+            return False  # its wait ran out meanwhile: the gate has shut it down
         rejection = self.acceptor.admit(self.peer)
         if rejection is not None:
             self.sock.sendall(dul.encode_associate_rj(*rejection))
             return False
+        self.admitted = True
         self.contexts = offer.contexts
         self.sock.sendall(offer.accept)
         return True
@@ -152,11 +165,8 @@ class Association:
             dul.A_ABORT_TYPE: lambda body: False,
         }
         while True:
-            pdu_type, body = self.pdus.read(self.acceptor.max_pdu)
-            handler = handlers.get(pdu_type)
-            if handler is None:
-                raise dul.ProtocolError(f"unexpected PDU type 0x{pdu_type:02X}")
-            if not handler(body):
+            pdu_type, body = self.pdus.read(self.acceptor.max_pdu, _ASSOCIATED)
+            if not handlers[pdu_type](body):
                 return
 
     def _on_release(self, body: memoryview) -> bool:
@@ -179,6 +189,11 @@ class Association:
     def _on_command_fragment(self, pdv: dul.Pdv) -> None:
         if self._request is not None:
             raise dul.ProtocolError("a new command arrived before the data set was complete")
+        if len(self._command) + len(pdv.data) > dul.MAX_COMMAND_LENGTH:
+            raise dul.ProtocolError(
+                f"command set longer than {dul.MAX_COMMAND_LENGTH} bytes",
+                dul.REASON_INVALID_PARAMETER,
+            )
         self._command += pdv.data
         if not pdv.is_last:
             return

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import socket
 import struct
-from collections.abc import Iterator
+from collections.abc import Container, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -57,10 +57,32 @@ _PREAMBLE = b"\x00" * 128 + b"DICM"
 # A P-DATA-TF may exceed the negotiated maximum by its PDV item headers (6 bytes each);
 # this much is tolerated, for up to 64 PDVs.
 _PDV_HEADERS_ALLOWED = 6 * 64
+# Largest A-ASSOCIATE-RQ/AC body taken: storescu's ~120 proposed contexts take ~8 KiB.
+MAX_ASSOCIATE_LENGTH = 65536
+# Body length of A-ASSOCIATE-RJ, A-RELEASE-RQ/RP and A-ABORT (PS3.8 section 9.3).
+_FIXED_LENGTH = 4
+# Largest DIMSE command set taken (a C-STORE-RQ's is ~200 bytes).
+MAX_COMMAND_LENGTH = 65536
+# A PDU body is read into a buffer that grows as its bytes arrive, from this size: a length
+# field is the peer's claim, and 0xFFFFFFFF must not buy 4 GiB of zeroed memory.
+_FIRST_BUFFER = 65536
+
+# A-ABORT reasons when the service provider aborts (source 2), PS3.8 section 9.3.8.
+REASON_NOT_SPECIFIED = 0x00
+REASON_UNRECOGNIZED_PDU = 0x01
+REASON_UNEXPECTED_PDU = 0x02
+REASON_INVALID_PARAMETER = 0x06
 
 
 class ProtocolError(Exception):
-    """The peer broke the upper-layer protocol or closed the connection mid-PDU."""
+    """The peer broke the upper-layer protocol or closed the connection mid-PDU.
+
+    ``reason`` is what the A-ABORT that answers it carries.
+    """
+
+    def __init__(self, message: str, reason: int = REASON_NOT_SPECIFIED) -> None:
+        super().__init__(message)
+        self.reason = reason
 
 
 @dataclass(frozen=True)
@@ -92,38 +114,82 @@ class PduReader:
     in, then unmapped again.
     """
 
-    def __init__(self, sock: socket.socket, max_pdu: int = 0) -> None:
-        """``max_pdu``: our negotiated maximum, which sizes the buffer (0: it grows as needed)."""
+    def __init__(self, sock: socket.socket) -> None:
         self.sock = sock
         self._header = bytearray(_HEADER.size)
-        self._buffer = bytearray(max_pdu + _PDV_HEADERS_ALLOWED if max_pdu else 0)
+        self._buffer = bytearray()
 
-    def read(self, max_length: int) -> tuple[int, memoryview]:
-        """Read one PDU; return its type and its body (without the 6-byte header).
+    def read(self, max_pdu: int, expected: Container[int] = PDU_TYPES) -> tuple[int, memoryview]:
+        """Read one PDU of an ``expected`` type; return its type and body (without the header).
 
         The body is a view of the reader's buffer: it is valid until the next ``read``.
+        Its length is checked against the type's limit before any of it is read
+        (``max_pdu``, ours, bounds a P-DATA-TF; 0: unbounded), and the buffer grows with
+        the bytes that arrive, not with the length the peer claims.
 
         Raises
         ------
         ProtocolError
-            Unknown PDU type, a PDU longer than ``max_length`` (0: no limit) or a broken
-            connection.
+            An unknown or unexpected PDU type, a length outside its type's limit, or a
+            broken connection.
         """
         _read_into(self.sock, memoryview(self._header))
         pdu_type, _, length = _HEADER.unpack(self._header)
-        _check_pdu(pdu_type, length, max_length)
+        check_pdu(pdu_type, length, max_pdu, expected)
         if length > len(self._buffer):
-            self._buffer = bytearray(length)
-        body = memoryview(self._buffer)[:length]
-        _read_into(self.sock, body)
-        return pdu_type, body
+            self._grow_into(length)
+        else:
+            _read_into(self.sock, memoryview(self._buffer)[:length])
+        return pdu_type, memoryview(self._buffer)[:length]
+
+    def _grow_into(self, length: int) -> None:
+        """Read a body longer than the buffer, doubling it as the bytes arrive.
+
+        A new buffer each time, not a resize: views of the old one may still be held.
+        """
+        got = 0
+        buffer = self._buffer
+        while got < length:
+            grown = bytearray(min(length, max(2 * got, _FIRST_BUFFER)))
+            grown[:got] = buffer[:got]
+            buffer = grown
+            _read_into(self.sock, memoryview(buffer)[got:])
+            got = len(buffer)
+        self._buffer = buffer
 
 
-def _check_pdu(pdu_type: int, length: int, max_length: int) -> None:
+def check_pdu(
+    pdu_type: int, length: int, max_pdu: int, expected: Container[int] = PDU_TYPES
+) -> None:
+    """Refuse a PDU by its header: type unknown or unexpected, or a length beyond its type's.
+
+    Raises
+    ------
+    ProtocolError
+        With the A-ABORT reason PS3.8 gives (unrecognized PDU, unexpected PDU, invalid
+        PDU parameter value).
+    """
     if pdu_type not in PDU_TYPES:
-        raise ProtocolError(f"unknown PDU type 0x{pdu_type:02X}")
-    if max_length and pdu_type == P_DATA_TF_TYPE and length > max_length + _PDV_HEADERS_ALLOWED:
-        raise ProtocolError(f"P-DATA-TF of {length} bytes exceeds our maximum PDU {max_length}")
+        raise ProtocolError(f"unknown PDU type 0x{pdu_type:02X}", REASON_UNRECOGNIZED_PDU)
+    if pdu_type not in expected:
+        raise ProtocolError(f"unexpected PDU type 0x{pdu_type:02X}", REASON_UNEXPECTED_PDU)
+    if pdu_type in (A_ASSOCIATE_RQ_TYPE, A_ASSOCIATE_AC_TYPE):
+        if length > MAX_ASSOCIATE_LENGTH:
+            raise ProtocolError(
+                f"PDU type 0x{pdu_type:02X} of {length} bytes exceeds {MAX_ASSOCIATE_LENGTH}",
+                REASON_INVALID_PARAMETER,
+            )
+    elif pdu_type == P_DATA_TF_TYPE:
+        if max_pdu and length > max_pdu + _PDV_HEADERS_ALLOWED:
+            raise ProtocolError(
+                f"P-DATA-TF of {length} bytes exceeds our maximum PDU {max_pdu}",
+                REASON_INVALID_PARAMETER,
+            )
+    elif length != _FIXED_LENGTH:
+        raise ProtocolError(
+            f"PDU type 0x{pdu_type:02X} of {length} bytes, not {_FIXED_LENGTH}",
+            REASON_INVALID_PARAMETER,
+        )
 
 
 def iter_pdvs(body: bytearray | memoryview) -> Iterator[Pdv]:
@@ -136,7 +202,9 @@ def iter_pdvs(body: bytearray | memoryview) -> Iterator[Pdv]:
         length, context_id, control = _PDV_HEADER.unpack_from(body, offset)
         end = offset + 4 + length
         if length < 2 or end > len(body):
-            raise ProtocolError(f"PDV item length {length} does not fit its P-DATA-TF")
+            raise ProtocolError(
+                f"PDV item length {length} does not fit its P-DATA-TF", REASON_INVALID_PARAMETER
+            )
         yield Pdv(context_id, bool(control & 0x01), bool(control & 0x02), view[offset + 6 : end])
         offset = end
 
@@ -147,7 +215,7 @@ def decode_associate_rq(body: bytearray) -> A_ASSOCIATE:
     try:
         pdu.decode(bytes(_HEADER.pack(A_ASSOCIATE_RQ_TYPE, 0, len(body)) + body))
     except Exception as exc:
-        raise ProtocolError(f"malformed A-ASSOCIATE-RQ: {exc}") from exc
+        raise ProtocolError(f"malformed A-ASSOCIATE-RQ: {exc}", REASON_INVALID_PARAMETER) from exc
     return pdu.to_primitive()
 
 

@@ -47,3 +47,7 @@ class EngineError(ImagingAIError):
 
 class DeliveryError(ImagingAIError):
     """A result could not be delivered to PACS or RIS."""
+
+
+class OutputError(ImagingAIError):
+    """A study's results cannot be encoded from its data (the same data fails alike)."""

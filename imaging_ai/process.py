@@ -5,10 +5,13 @@ from __future__ import annotations
 import logging
 import threading
 import time
+import traceback
+from collections.abc import Callable
 from dataclasses import replace
 from datetime import datetime
 from pathlib import Path
 
+from hl7apy.exceptions import HL7apyException  # type: ignore[import-untyped]
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -18,9 +21,10 @@ from imaging_ai.config import Config
 from imaging_ai.db.models import Instance, Job, Report, Series, Study
 from imaging_ai.db.session import utcnow
 from imaging_ai.engine_set import EngineSet
-from imaging_ai.errors import InvalidDataset, UnsupportedInput
+from imaging_ai.errors import InvalidDataset, OutputError, UnsupportedInput
 from imaging_ai.infer.base import BackendInfo, Engine, FloatArray
 from imaging_ai.outbox import Outbox
+from imaging_ai.outputs.common import source_headers
 from imaging_ai.outputs.files import ResultFiles, write_results
 from imaging_ai.outputs.messages import MessageBuilder
 from imaging_ai.schedule import Claim, Scheduler
@@ -28,8 +32,13 @@ from imaging_ai.schedule import Claim, Scheduler
 log = logging.getLogger(__name__)
 
 MAX_ATTEMPTS = 3
-# Input problems are the study's, not the daemon's: retrying cannot help.
-PERMANENT = (UnsupportedInput, InvalidDataset)
+# Input problems are the study's, not the daemon's, and results that cannot be encoded from
+# them fail alike on every attempt: retrying cannot help.
+PERMANENT = (UnsupportedInput, InvalidDataset, OutputError)
+# What the SEG, SR, ORU and FHIR builders raise on values they cannot encode. A rebuild from the
+# same analysis and headers is the same build (fixed UIDs and time), so it fails the same way;
+# a disk or a helper process failing (OSError and the like) is not among these and is retried.
+_ENCODING_ERRORS = (ValueError, TypeError, AttributeError, KeyError, IndexError, HL7apyException)
 
 
 def impression(analysis: Analysis) -> str:
@@ -43,7 +52,31 @@ def impression(analysis: Analysis) -> str:
             f"{len(lesions)} lung nodule(s) detected; largest {largest.long_axis_mm:.1f} mm "
             f"in the {largest.side or 'unknown'} lung."
         )
-    return f"{found} AI-generated preliminary result; requires review by a radiologist."
+    caveats = "".join(f" {caveat}" for caveat in analysis.caveats)
+    return f"{found}{caveats} AI-generated preliminary result; requires review by a radiologist."
+
+
+def encoded(build: Callable[[], ResultFiles]) -> ResultFiles:
+    """``build()``, with an encoding error raised as :class:`OutputError`, which is not retried.
+
+    The reason names the error's type and where it was raised, not its message: an encoder's
+    message may quote the value it could not encode (a birth date, a name).
+    """
+    try:
+        return build()
+    except _ENCODING_ERRORS as exc:
+        raise OutputError(
+            f"the results could not be encoded from this study's data ({_where(exc)}); "
+            "not retried, since the same data fails the same way"
+        ) from exc
+
+
+def _where(exc: BaseException) -> str:
+    frames = traceback.extract_tb(exc.__traceback__)
+    if not frames:
+        return type(exc).__name__
+    last = frames[-1]
+    return f"{type(exc).__name__} in {Path(last.filename).name} line {last.lineno}"
 
 
 class Processor:
@@ -149,8 +182,18 @@ class Processor:
             steps = split_steps(analysis.timings_s, t, clocks)
             created, text = utcnow(), impression(analysis)
             t = time.perf_counter()
-            results = write_results(
-                analysis, files, claim.job_id, created, text, self.config, builder=self.messages
+            sources = source_headers(files)
+            results = encoded(
+                lambda: write_results(
+                    analysis,
+                    files,
+                    claim.job_id,
+                    created,
+                    text,
+                    self.config,
+                    headers=sources.datasets,
+                    builder=self.messages,
+                )
             )
             timings = {**steps, "outputs": time.perf_counter() - t}
             faults.reach("after:outputs")
@@ -167,7 +210,9 @@ class Processor:
         finally:
             keep_lease.stop()
         timings["total"] = time.perf_counter() - started
-        notes = []
+        notes = list(sources.notes)
+        for note in sources.notes:
+            log.warning("study %d: %s", claim.study_id, note)
         if fell_back:
             # Counted over the workers, so with studies in parallel it may include theirs.
             notes.append(

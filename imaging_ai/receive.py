@@ -42,6 +42,7 @@ from pynetdicom.sop_class import (  # type: ignore[attr-defined]
 from sqlalchemy.exc import SQLAlchemyError
 
 from imaging_ai import dicom_head, dul
+from imaging_ai.admission import Gate, Places, Ticket
 from imaging_ai.association import (
     REJECT_BUSY,
     REJECT_CALLED_AE,
@@ -178,7 +179,9 @@ class Receiver:
         catalog: Catalog,
         routing_tags: tuple[str, ...],
         stats: ReceiverStats | None = None,
+        places: Places | None = None,
     ) -> None:
+        """``places``: the daemon's shared count of connections (default: this receiver's)."""
         self.config = config
         self.spool = spool
         self.catalog = catalog
@@ -195,6 +198,8 @@ class Receiver:
         self._adopter = ThreadPoolExecutor(config.max_associations, "dicom-adopt")
         self._active = 0
         self._active_lock = threading.Lock()
+        self.places = places or Places()
+        self.gate = Gate(self.places, config.max_pending_connections, config.negotiation_timeout_s)
         # Study Instance UIDs each open association delivered, by its thread (an association
         # runs its C-STOREs in its own thread): the senders the catalog counts per study.
         self._sending: dict[int, set[str]] = {}
@@ -234,6 +239,7 @@ class Receiver:
         while self.active_associations() and time.monotonic() < deadline:
             time.sleep(0.05)
         self._adopter.shutdown(wait=True)
+        self.gate.stop()
         self.spool.drop_spares()
 
     def active_associations(self) -> int:
@@ -255,31 +261,43 @@ class Receiver:
     def serve_socket(
         self, sock: socket.socket, address: str, tls: ssl.SSLContext | None = None
     ) -> None:
-        """Set up an accepted TCP connection (TCP_NODELAY, timeout, TLS) and serve it."""
-        # DCMTK writes each PDU header and body separately; without TCP_NODELAY every
-        # response waits for a delayed ACK (~40 ms per image).
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        _set_timeout(sock, self.config.network_timeout_s)
-        if tls is not None:
-            try:
-                sock = tls.wrap_socket(sock, server_side=True)
-            except (ssl.SSLError, OSError) as exc:
-                log.warning("TLS handshake with %s failed: %s", address, exc)
-                sock.close()
-                return
+        """Set up an accepted TCP connection (TCP_NODELAY, timeout, TLS) and serve it.
+
+        From here until it is admitted the connection waits at the gate: it has
+        ``dicom.negotiation_timeout_s`` for its TLS handshake and A-ASSOCIATE-RQ.
+        """
+        ticket = self.gate.enter(sock.fileno(), address)
+        if ticket is None:
+            sock.close()
+            return
         try:
-            self.serve_connection(sock, address)
+            # DCMTK writes each PDU header and body separately; without TCP_NODELAY every
+            # response waits for a delayed ACK (~40 ms per image).
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            _set_timeout(sock, self.config.network_timeout_s)
+            if tls is not None:
+                # Not in wrap_socket, which closes the descriptor when the handshake fails:
+                # the gate must let go of it first.
+                sock = tls.wrap_socket(sock, server_side=True, do_handshake_on_connect=False)
+                if not _handshake(sock, address):
+                    return
+            self.serve_connection(sock, address, ticket)
         finally:
+            self.gate.leave(ticket)  # before close: the gate may shut the descriptor down
             sock.close()
 
-    def serve_connection(self, sock: socket.socket, address: str) -> None:
+    def serve_connection(
+        self, sock: socket.socket, address: str, ticket: Ticket | None = None
+    ) -> None:
         """Run one association on an accepted connection (in its own thread)."""
         self._count(1)
         self.spool.keep_spares(SPARE_FILES)
-        association = Association(sock, address, self)
+        association = Association(sock, address, self, ticket)
         try:
             association.run()
         finally:
+            if association.admitted:
+                self.places.give_admitted()
             self._count(-1)
             self._ended(association.released)
 
@@ -296,12 +314,15 @@ class Receiver:
         )
 
     def admit(self, peer: Peer) -> tuple[int, int, int] | None:
-        """Accept (None) or the reason to reject an association request."""
+        """Accept (None: it holds one of the daemon's places) or the reason to reject.
+
+        An accepted association gives its place back when it ends (``serve_connection``).
+        """
         if peer.called_ae != self.ae_title:
             reason, rejection = "called AE title is not ours", REJECT_CALLED_AE
         elif not self.is_allowed(peer.calling_ae, peer.address):
             reason, rejection = "calling AE is not allowed", REJECT_CALLING_AE
-        elif self.active_associations() > self.config.max_associations:
+        elif not self.places.take_admitted(self.config.max_associations):
             reason, rejection = "too many associations", REJECT_BUSY
         else:
             return None
@@ -717,6 +738,16 @@ def _check_pixel_data_complete(pixel: PixelFacts, size: int) -> None:
         raise InvalidDataset(
             f"Pixel Data truncated: {length} bytes, the image needs {pixel.needed}"
         )
+
+
+def _handshake(sock: ssl.SSLSocket, address: str) -> bool:
+    """Run the TLS handshake of an accepted connection; False (logged) if it failed."""
+    try:
+        sock.do_handshake()
+    except (ssl.SSLError, OSError) as exc:
+        log.warning("TLS handshake with %s failed: %s", address, exc)
+        return False
+    return True
 
 
 def _set_timeout(sock: socket.socket, timeout_s: float) -> None:

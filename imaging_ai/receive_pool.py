@@ -18,6 +18,7 @@ from multiprocessing.reduction import recv_handle, send_handle
 from multiprocessing.sharedctypes import Synchronized
 from multiprocessing.synchronize import Event
 
+from imaging_ai.admission import Places
 from imaging_ai.assemble import routing_tags
 from imaging_ai.catalog import Catalog
 from imaging_ai.config import Config
@@ -58,6 +59,9 @@ class ReceiverPool:
         # Set by a receiver when an association that delivered instances released: wakes
         # the assembler (`imaging_ai.assemble`), which clears it.
         self.released = self._ctx.Event()
+        # dicom.max_associations and max_pending_connections hold for the daemon: each
+        # receiver counts its connections here in its own row (places.bind(i)).
+        self.places = Places(receiver_count(config), self._ctx)
         self._processes: list[BaseProcess] = []
         self._pipes: list[Connection] = []
         self._loads: list[Synchronized[int]] = []
@@ -88,6 +92,7 @@ class ReceiverPool:
                     theirs,
                     load,
                     self.released,
+                    self.places.bind(i),
                 ),
                 name=f"imaging-ai-receiver-{i}",
                 daemon=True,
@@ -201,6 +206,7 @@ def _worker_main(
     pipe: Connection,
     load: Synchronized[int],
     released: Event,
+    places: Places,
 ) -> None:
     from imaging_ai.cli import setup_logging
 
@@ -211,7 +217,12 @@ def _worker_main(
     engine = make_engine(config.storage.resolved_database_url)
     spool = Spool(config.storage.spool_dir, config.storage.min_free_mb, config.storage.node)
     receiver = Receiver(
-        config.dicom, spool, Catalog(engine, spool), routing_tags(config.priority.rules), stats
+        config.dicom,
+        spool,
+        Catalog(engine, spool),
+        routing_tags(config.priority.rules),
+        stats,
+        places,
     )
     receiver.release_observers.append(released.set)
     tls = receiver.ssl_context()

@@ -117,7 +117,7 @@ def test_pdu_reader_reads_each_pdu_into_one_reused_buffer() -> None:
     with ours, theirs:
         first, second, large = b"a" * 1000, b"b" * 600, b"c" * 5000
         theirs.sendall(_p_data(first) + _p_data(second) + _p_data(large))
-        reader = dul.PduReader(ours, 2048)
+        reader = dul.PduReader(ours)
         pdu_type, body = reader.read(4096)
         buffer = reader._buffer
         assert pdu_type == dul.P_DATA_TF_TYPE

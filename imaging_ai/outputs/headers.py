@@ -8,18 +8,26 @@ of a VR pydicom keeps as read) this reads the file's first bytes and cuts them i
 raw elements pydicom's reader makes, with ``struct``; pydicom decodes each value when it is
 first used, as it does after ``dcmread``. Anything else is read by ``dcmread``.
 ``tests/outputs/test_headers.py`` compares both readers' datasets.
+
+Patient and study attributes that every result copies are checked here too
+(:func:`clean_demographics`): one malformed birth date must not keep a result from an urgent
+study (issue 18, item 10).
 """
 
 from __future__ import annotations
 
 import struct
+from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import Any
 
 import pydicom
+from pydicom import config
 from pydicom.dataelem import DataElement, RawDataElement
 from pydicom.dataset import Dataset, FileDataset, FileMetaDataset
 from pydicom.tag import BaseTag
 from pydicom.uid import ExplicitVRLittleEndian
+from pydicom.valuerep import DA, TM, validate_value
 
 from imaging_ai.errors import InvalidDataset
 
@@ -38,6 +46,19 @@ _SHORT_VRS = frozenset(
 )
 # UN (its VR may be replaced by the dictionary's) and anything unknown go to pydicom.
 _VR_NAMES = {vr: vr.decode() for vr in _LONG_VRS | _SHORT_VRS}
+# What SEG, SR, ORU and FHIR copy from the source that a malformed value breaks (highdicom and
+# hl7apy parse dates and times; FHIR's birthDate must be a real date). All Type 2 or 3 in the
+# Patient and General Study modules: present and empty is valid.
+_DEMOGRAPHICS = {
+    "PatientName": "PN",
+    "PatientBirthDate": "DA",
+    "PatientBirthTime": "TM",
+    "StudyDate": "DA",
+    "StudyTime": "TM",
+    "ReferringPhysicianName": "PN",
+}
+_PARSE: dict[str, Callable[[str], Any]] = {"DA": DA, "TM": TM}
+_VR_WORDS = {"DA": "date (DA)", "TM": "time (TM)", "PN": "person name (PN)"}
 
 
 def read_headers(paths: list[Path]) -> list[Dataset]:
@@ -49,6 +70,57 @@ def read_headers(paths: list[Path]) -> list[Dataset]:
         A file is not a readable DICOM file.
     """
     return [read_plain(path) or _dcmread(path) for path in paths]
+
+
+def clean_demographics(datasets: Iterable[Dataset]) -> tuple[str, ...]:
+    """Empty the patient and study attributes whose values are not valid DICOM, in place.
+
+    A date, time or person name that breaks the standard's form (PatientBirthDate
+    ``19AB0304``, StudyTime ``25xx``, a name component over 64 characters) would fail the
+    SEG, SR and ORU encoders on every attempt; emptied, those Type 2 attributes are valid and
+    the results go out. The values are never read into a message: they may identify the
+    patient.
+
+    Parameters
+    ----------
+    datasets
+        Source headers, as :func:`read_headers` gives them.
+
+    Returns
+    -------
+    tuple of str
+        One note per attribute emptied (in any of the headers), naming it and its VR only.
+    """
+    emptied: dict[str, None] = {}
+    for ds in datasets:
+        for keyword, vr in _DEMOGRAPHICS.items():
+            if keyword in ds and not _valid(ds, keyword, vr):
+                setattr(ds, keyword, "")
+                emptied[keyword] = None
+    return tuple(
+        f"{keyword} in the source images is not a valid DICOM {_VR_WORDS[_DEMOGRAPHICS[keyword]]};"
+        " the results carry it empty"
+        for keyword in emptied
+    )
+
+
+def _valid(ds: Dataset, keyword: str, vr: str) -> bool:
+    """Whether the value has the VR's form and (dates, times) is a real date or time."""
+    try:
+        value = ds[keyword].value  # converted without pydicom's validation warning
+    except (ValueError, TypeError, UnicodeError, KeyError):
+        return False
+    if value is None or value == "" or isinstance(value, (DA, TM)):
+        return True  # empty, or parsed already (pydicom's datetime_conversion)
+    text = str(value) if vr == "PN" else value
+    if not isinstance(text, str):
+        return False  # several values where the standard allows one
+    try:
+        validate_value(vr, text, config.RAISE)  # the VR's form (pydicom's rules)
+        _PARSE.get(vr, str)(text)  # a date or time that exists
+    except (ValueError, TypeError, OverflowError):
+        return False
+    return True
 
 
 def read_plain(path: Path) -> FileDataset | None:
