@@ -227,6 +227,10 @@ class Assembler:
         self._thread = threading.Thread(target=self._run, name="assembler", daemon=True)
         self._thread.start()
 
+    def alive(self) -> bool:
+        """Whether the background thread runs (the systemd watchdog is fed only while it does)."""
+        return self._thread is not None and self._thread.is_alive()
+
     def stop(self) -> None:
         """Stop the background thread after its current tick."""
         self._stop.set()

@@ -59,6 +59,8 @@ CATALOGUE: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "jobs_finished": ("counter", "Jobs finished, by outcome.", ("priority", "outcome")),
     "deadline_misses": ("counter", "Results ready after the deadline.", ("priority",)),
     "receiver_processes": ("gauge", "DICOM receiver processes alive on this node.", ()),
+    "receiver_restarts": ("counter", "DICOM receiver processes restarted after dying.", ()),
+    "dicom_accepting": ("gauge", "1 while the DICOM port can take an association.", ()),
     "associations_active": ("gauge", "DICOM associations open on this node.", ()),
     "associations_refused": ("counter", "Associations refused on this node since start.", ()),
     "worker_busy_ratio": ("gauge", "Busy fraction of a worker (its GPU, or CPU), 0-1.",
@@ -290,6 +292,8 @@ class DaemonCollector(Collector):
         rx = rx if isinstance(rx, Mapping) else {}
         return [
             family("receiver_processes", _one(rx.get("processes"))),
+            family("receiver_restarts", _one(rx.get("restarts"))),
+            family("dicom_accepting", _one(_flag(rx.get("accepting")))),
             family("associations_active", _one(rx.get("active"))),
             family("associations_refused", _one(rx.get("refused"))),
         ]
@@ -367,6 +371,11 @@ def _number(value: Any) -> float | None:
     if isinstance(value, bool) or not isinstance(value, int | float):
         return None
     return float(value)
+
+
+def _flag(value: Any) -> float | None:
+    """A live check ("ok" or why not) as 1 or 0; None if absent."""
+    return None if value is None else float(value == "ok")
 
 
 def _opt(value: Any) -> list[float]:

@@ -128,6 +128,10 @@ class Processor:
             thread.start()
             self._threads.append(thread)
 
+    def alive(self) -> bool:
+        """Whether every processing thread runs (the systemd watchdog is fed only while they do)."""
+        return bool(self._threads) and all(t.is_alive() for t in self._threads)
+
     def stop(self, timeout_s: float = 60.0) -> None:
         """Finish the studies in hand, or give them back to the queue at the deadline."""
         self._stop.set()

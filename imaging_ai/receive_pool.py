@@ -1,20 +1,21 @@
-"""Takes the Config and gives N receiver processes fed with connections from one listener."""
+"""Takes the Config; gives N supervised receiver processes fed with connections by one listener."""
 
 from __future__ import annotations
 
 import contextlib
-import ctypes
+import errno
 import logging
 import multiprocessing
 import os
 import signal
 import socket
-import sys
 import threading
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
-from multiprocessing.reduction import recv_handle, send_handle
+from multiprocessing.reduction import recvfds, sendfds
 from multiprocessing.sharedctypes import Synchronized
 from multiprocessing.synchronize import Event
 
@@ -26,19 +27,41 @@ from imaging_ai.db.session import make_engine
 from imaging_ai.errors import StartupError
 from imaging_ai.receive import Receiver, ReceiverStats, open_listener
 from imaging_ai.spool import Spool
+from imaging_ai.supervise import Backoff, ChildStatus, Supervisor, die_with_parent
 
 log = logging.getLogger(__name__)
 
 _PARENT_POLL_S = 0.5
 _ACCEPT_POLL_S = 0.5
-_PR_SET_PDEATHSIG = 1
 _READY_TIMEOUT_S = 30.0
+# accept() failing (out of descriptors, above all) is retried after 50 ms, doubling up to 1 s:
+# the pending connections wait in the listen backlog meanwhile.
+_ACCEPT_RETRY_S = (0.05, 1.0)
+# accept() errors that mean the listener itself is unusable, not that resources ran short.
+_LISTENER_BROKEN = {errno.EBADF, errno.EINVAL, errno.ENOTSOCK, errno.EOPNOTSUPP}
 
 
 def receiver_count(config: Config) -> int:
     """Configured receiver processes; 0 means one per CPU core, at most 4."""
     wanted = config.dicom.receiver_processes
     return wanted if wanted > 0 else max(1, min(os.cpu_count() or 1, 4))
+
+
+@dataclass(eq=False)
+class _Link:
+    """The parent's end of one receiver process: its pipe, open associations and ready flag."""
+
+    pipe: Connection
+    # The pipe as a socket, made once: passing a descriptor through multiprocessing's
+    # send_handle duplicates the pipe each time, which fails exactly when descriptors run out.
+    channel: socket.socket
+    load: Synchronized[int]
+    ready: Event
+
+    def close(self) -> None:
+        for end in (self.channel, self.pipe):
+            with contextlib.suppress(OSError):
+                end.close()
 
 
 class ReceiverPool:
@@ -48,10 +71,11 @@ class ReceiverPool:
     every core. This process listens on the DICOM port and hands each accepted connection
     (its file descriptor, over a pipe) to the receiver with the fewest open associations,
     so four associations spread two and two over two processes. Each receiver has its own
-    database engine; the counters are shared memory.
+    database engine; the counters are shared memory. A receiver that dies (the OOM killer's
+    SIGKILL) is started again with backoff (`imaging_ai.supervise`).
     """
 
-    def __init__(self, config: Config) -> None:
+    def __init__(self, config: Config, backoff: Backoff | None = None) -> None:
         self.config = config
         self._ctx = multiprocessing.get_context("spawn")
         self.stats = ReceiverStats(self._ctx)
@@ -62,11 +86,15 @@ class ReceiverPool:
         # dicom.max_associations and max_pending_connections hold for the daemon: each
         # receiver counts its connections here in its own row (places.bind(i)).
         self.places = Places(receiver_count(config), self._ctx)
-        self._processes: list[BaseProcess] = []
-        self._pipes: list[Connection] = []
-        self._loads: list[Synchronized[int]] = []
+        self._links: list[_Link | None] = [None] * receiver_count(config)
+        self._retired: list[_Link] = []  # of dead receivers; closed by the acceptor, or stop()
+        self._supervisor = Supervisor(
+            "DICOM receiver", receiver_count(config), self._launch, backoff, self._on_exit
+        )
         self._listener: socket.socket | None = None
         self._acceptor: threading.Thread | None = None
+        self._accept_trouble = _Trouble("DICOM port: accept()")
+        self._no_receiver = _Trouble("DICOM port: handing connections to a receiver")
 
     @property
     def port(self) -> int:
@@ -76,41 +104,13 @@ class ReceiverPool:
     def start(self) -> None:
         """Listen, start the processes and wait until each is ready; raise StartupError."""
         self._listener = open_listener(self.config.dicom)
-        count = receiver_count(self.config)
-        ready = [self._ctx.Event() for _ in range(count)]
-        for i in range(count):
-            ours, theirs = self._ctx.Pipe()
-            load: Synchronized[int] = self._ctx.Value("i", 0)
-            proc: BaseProcess = self._ctx.Process(
-                target=_worker_main,
-                args=(
-                    self.config,
-                    self.stats,
-                    self._stop,
-                    ready[i],
-                    os.getpid(),
-                    theirs,
-                    load,
-                    self.released,
-                    self.places.bind(i),
-                ),
-                name=f"imaging-ai-receiver-{i}",
-                daemon=True,
+        self._supervisor.start()
+        if not self._all_ready(time.monotonic() + _READY_TIMEOUT_S):
+            self.stop()
+            raise StartupError(
+                f"DICOM receiver could not start for {self.config.dicom.bind}:"
+                f"{self.config.dicom.port}; see the log above"
             )
-            proc.start()
-            theirs.close()
-            self._processes.append(proc)
-            self._pipes.append(ours)
-            self._loads.append(load)
-        deadline = time.monotonic() + _READY_TIMEOUT_S
-        for proc, event in zip(self._processes, ready, strict=True):
-            while not event.wait(0.1):
-                if not proc.is_alive() or time.monotonic() > deadline:
-                    self.stop()
-                    raise StartupError(
-                        f"DICOM receiver could not start for {self.config.dicom.bind}:"
-                        f"{self.config.dicom.port}; see the log above"
-                    )
         self._acceptor = threading.Thread(target=self._accept, name="dicom-acceptor", daemon=True)
         self._acceptor.start()
         log.info(
@@ -118,8 +118,18 @@ class ReceiverPool:
             self.config.dicom.ae_title,
             self.config.dicom.bind,
             self.port,
-            count,
+            len(self._links),
         )
+
+    def _all_ready(self, deadline: float) -> bool:
+        for i, link in enumerate(self._links):
+            proc = self._supervisor.process(i)
+            while link is None or proc is None or not link.ready.wait(0.1):
+                if link is None or proc is None or not proc.is_alive():
+                    return False
+                if time.monotonic() > deadline:
+                    return False
+        return True
 
     def stop(self, timeout_s: float = 30.0) -> None:
         """Stop accepting associations; each process lets its open associations finish."""
@@ -129,22 +139,89 @@ class ReceiverPool:
         if self._acceptor is not None:
             self._acceptor.join(_ACCEPT_POLL_S * 4)
             self._acceptor = None
-        self._stop.set()
-        for proc in self._processes:
-            proc.join(timeout_s)
-            if proc.is_alive():
-                log.warning("receiver %s did not stop in %.0f s; killing it", proc.name, timeout_s)
-                proc.kill()
-                proc.join()
-        for pipe in self._pipes:
-            pipe.close()
-        self._processes.clear()
-        self._pipes.clear()
-        self._loads.clear()
+        self._supervisor.stop(timeout_s, tell=self._stop.set)
+        for link in [*self._retired, *self._links]:
+            if link is not None:
+                link.close()
+        self._retired.clear()
+        self._links = [None] * len(self._links)
 
     def alive(self) -> int:
         """Number of receiver processes running."""
-        return sum(p.is_alive() for p in self._processes)
+        return self._supervisor.alive()
+
+    def restarts(self) -> int:
+        """Receiver processes started again after they died, since start."""
+        return self._supervisor.restarts()
+
+    def processes(self) -> tuple[ChildStatus, ...]:
+        """Each receiver process: state, PID, restarts, how it last exited."""
+        return self._supervisor.status()
+
+    def can_accept(self) -> str:
+        """Why a new association cannot be taken now, or "ok" (for /readyz and the watchdog)."""
+        if self._listener is None:
+            return "DICOM port closed"
+        if self._acceptor is None or not self._acceptor.is_alive():
+            return "DICOM acceptor thread stopped"
+        if self._accept_trouble.problem:
+            return f"DICOM port cannot accept: {self._accept_trouble.problem}"
+        if self.alive() == 0:
+            return "no DICOM receiver process running"
+        return "ok"
+
+    def readiness(self) -> str:
+        """What keeps ingest from full strength (a receiver down, the port), or "ok"."""
+        problem = self.can_accept()
+        alive, expected = self.alive(), len(self._links)
+        if problem == "ok" and alive < expected:
+            problem = f"{alive} of {expected} receivers running"
+        return problem
+
+    # -- supervision (in the supervisor's thread)
+
+    def _launch(self, index: int, crashes_in_row: int) -> BaseProcess:
+        ours, theirs = self._ctx.Pipe()
+        try:
+            link = _Link(
+                ours,
+                socket.fromfd(ours.fileno(), socket.AF_UNIX, socket.SOCK_STREAM),
+                self._ctx.Value("i", 0),
+                self._ctx.Event(),
+            )
+            proc: BaseProcess = self._ctx.Process(
+                target=_worker_main,
+                args=(
+                    self.config,
+                    self.stats,
+                    self._stop,
+                    link.ready,
+                    os.getpid(),
+                    theirs,
+                    link.load,
+                    self.released,
+                    self.places.bind(index),
+                ),
+                name=f"imaging-ai-receiver-{index}",
+                daemon=True,
+            )
+            proc.start()
+        except BaseException:
+            ours.close()
+            raise
+        finally:
+            theirs.close()
+        self._links[index] = link
+        return proc
+
+    def _on_exit(self, index: int) -> None:
+        link, self._links[index] = self._links[index], None
+        if link is not None:
+            self._retired.append(link)
+        # Its sockets died with it: the places they held are free again.
+        self.places.bind(index).clear_row()
+
+    # -- the acceptor thread
 
     def _accept(self) -> None:
         listener = self._listener
@@ -159,42 +236,84 @@ class ReceiverPool:
                 conn, address = listener.accept()
             except TimeoutError:
                 continue
-            except OSError:
-                return  # closed by stop()
+            except OSError as exc:
+                if self._listener is not listener:
+                    return  # closed by stop()
+                if exc.errno in _LISTENER_BROKEN:
+                    self._accept_trouble.failed(f"listener broken: {exc}")
+                    return
+                # Out of descriptors (EMFILE, ENFILE), memory or buffers: retry, not stop.
+                time.sleep(self._accept_trouble.failed(_strerror(exc), _ACCEPT_RETRY_S))
+                continue
+            self._accept_trouble.recovered()
             try:
                 self._hand_over(conn, str(address[0]))
+            except Exception:  # one connection's failure must not end ingest
+                log.exception("DICOM port: cannot hand a connection over; it is closed")
             finally:
                 conn.close()  # the receiver holds its own duplicate now
 
     def _hand_over(self, conn: socket.socket, address: str) -> None:
         """Give a connection to the live receiver with the fewest associations."""
-        order = sorted(range(len(self._processes)), key=lambda i: self._loads[i].value)
-        for i in order:
-            if not self._processes[i].is_alive():
+        while self._retired:
+            self._retired.pop().close()
+        links = [(i, link) for i, link in enumerate(self._links) if link is not None]
+        for i, link in sorted(links, key=lambda pair: pair[1].load.value):
+            proc = self._supervisor.process(i)
+            if proc is None or not proc.is_alive():
                 continue
-            with self._loads[i].get_lock():
-                self._loads[i].value += 1
+            with link.load.get_lock():
+                link.load.value += 1
             try:
-                send_handle(self._pipes[i], conn.fileno(), self._processes[i].pid)
-                self._pipes[i].send(address)
+                sendfds(link.channel, [conn.fileno()])
+                link.pipe.send(address)
+                self._no_receiver.recovered()
                 return
             except OSError as exc:
-                with self._loads[i].get_lock():
-                    self._loads[i].value -= 1
-                log.error("receiver %s cannot take a connection: %s", self._processes[i].name, exc)
-        log.error("no DICOM receiver process is running; connection from %s closed", address)
+                with link.load.get_lock():
+                    link.load.value -= 1
+                log.error("receiver %s cannot take a connection: %s", proc.name, exc)
+        self._no_receiver.failed("no DICOM receiver process running; connections are closed")
 
 
-def _die_with_parent() -> None:
-    """Ask Linux to SIGKILL this process when the daemon's main process dies.
+class _Trouble:
+    """A failure that repeats: logged when it starts and when it ends, not at each attempt.
 
-    A receiver must not outlive the daemon: it would keep writing with no assembler
-    behind it. Elsewhere the parent-PID poll in the main loop does the same, slower.
+    A flood repeats a failure thousands of times a second; one line per attempt filled the
+    log with 76 MB in two minutes.
     """
-    if sys.platform != "linux":
-        return
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+
+    def __init__(self, what: str) -> None:
+        self.what = what
+        self.problem = ""
+        self.failures = 0
+        self.since = 0.0
+
+    def failed(self, problem: str, retry_s: tuple[float, float] = (0.0, 0.0)) -> float:
+        """Count a failure; return the wait before the next attempt (doubling from retry_s[0])."""
+        if not self.failures:
+            self.since = time.monotonic()
+            log.error("%s failing: %s; retrying until it works", self.what, problem)
+        self.failures += 1
+        self.problem = problem
+        first, most = retry_s
+        return min(most, first * 2.0 ** min(self.failures - 1, 30))
+
+    def recovered(self) -> None:
+        """Log the end of a failure, if there was one."""
+        if self.failures:
+            log.warning(
+                "%s working again after %d failure(s) in %.1f s",
+                self.what,
+                self.failures,
+                time.monotonic() - self.since,
+            )
+        self.failures, self.problem = 0, ""
+
+
+def _strerror(exc: OSError) -> str:
+    name = errno.errorcode.get(exc.errno or 0, "")
+    return f"{name} ({exc.strerror})" if name else str(exc)
 
 
 def _worker_main(
@@ -211,7 +330,7 @@ def _worker_main(
     from imaging_ai.cli import setup_logging
 
     setup_logging(config.logging.level)
-    _die_with_parent()
+    die_with_parent()
     # The parent owns shutdown; a terminal's Ctrl-C must not kill receivers mid-write.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     engine = make_engine(config.storage.resolved_database_url)
@@ -236,17 +355,63 @@ def _worker_main(
                 load.value -= 1
 
     # Also stop when the parent has died (SIGKILL), so no orphan keeps writing.
-    while not stop.is_set() and os.getppid() == parent_pid:
-        try:
-            if not pipe.poll(_PARENT_POLL_S):
-                continue
-            fd = recv_handle(pipe)
-            address = pipe.recv()
-        except (EOFError, OSError):
-            break  # the parent closed its end
-        sock = socket.socket(fileno=fd)
-        threading.Thread(target=serve, args=(sock, address), daemon=True).start()
+    _take_connections(pipe, load, serve, lambda: stop.is_set() or os.getppid() != parent_pid)
     with contextlib.suppress(OSError):
         pipe.close()
     receiver.stop()
     engine.dispose()
+
+
+def _take_connections(
+    pipe: Connection,
+    load: Synchronized[int],
+    serve: Callable[[socket.socket, str], None],
+    stopping: Callable[[], bool],
+) -> None:
+    """In a receiver: serve each connection the parent hands over, until ``stopping``.
+
+    A connection this process cannot hold (out of descriptors, so its descriptor is not
+    received, or out of threads) is closed and the receiver carries on; it used to end the
+    process with a RuntimeError from the descriptor hand-over.
+    """
+    channel = socket.fromfd(pipe.fileno(), socket.AF_UNIX, socket.SOCK_STREAM)
+    trouble = _Trouble("DICOM receiver: taking connections")
+    with channel:
+        while not stopping():
+            try:
+                if not pipe.poll(_PARENT_POLL_S):
+                    continue
+                sock, address = _next_connection(pipe, channel)
+            except (EOFError, OSError):
+                return  # the parent closed its end
+            if sock is not None and _start_thread(serve, sock, address):
+                trouble.recovered()
+                continue
+            with load.get_lock():
+                load.value -= 1
+            trouble.failed("out of descriptors or threads; new connections are closed")
+
+
+def _next_connection(pipe: Connection, channel: socket.socket) -> tuple[socket.socket | None, str]:
+    """The next connection handed over, None if its descriptor could not be received.
+
+    Without a free descriptor the kernel truncates the message (MSG_CTRUNC) and closes the
+    descriptor in flight, so the sender sees its connection close; the address still follows.
+    """
+    try:
+        fd: int | None = recvfds(channel, 1)[0]
+    except RuntimeError:  # "received 0 items of ancdata"
+        fd = None
+    address = str(pipe.recv())
+    return (socket.socket(fileno=fd) if fd is not None else None), address
+
+
+def _start_thread(
+    serve: Callable[[socket.socket, str], None], sock: socket.socket, address: str
+) -> bool:
+    try:
+        threading.Thread(target=serve, args=(sock, address), daemon=True).start()
+        return True
+    except RuntimeError:  # can't start new thread
+        sock.close()
+        return False

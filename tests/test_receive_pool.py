@@ -56,23 +56,27 @@ def associate(port: int) -> object:
     return assoc
 
 
+def _loads(pool: ReceiverPool) -> list[int]:
+    return [link.load.value for link in pool._links if link is not None]
+
+
 def test_four_associations_spread_two_and_two(pool: ReceiverPool, tmp_path: Path) -> None:
     assocs = [associate(pool.port) for _ in range(4)]
     wait_until(lambda: pool.stats.snapshot()["active"] == 4)
-    assert sorted(load.value for load in pool._loads) == [2, 2]
+    assert sorted(_loads(pool)) == [2, 2]
     ds = pydicom.dcmread(ct_series(tmp_path / "src", slices=1)[0])
     for assoc in assocs:
         assert assoc.send_c_echo().Status == 0x0000  # type: ignore[attr-defined]
     assert assocs[0].send_c_store(ds).Status == 0x0000  # type: ignore[attr-defined]
     for assoc in assocs:
         assoc.release()  # type: ignore[attr-defined]
-    wait_until(lambda: [load.value for load in pool._loads] == [0, 0])
+    wait_until(lambda: _loads(pool) == [0, 0])
     assert pool.stats.snapshot()["stored"] == 1
 
 
 def test_a_dead_receiver_is_passed_over(pool: ReceiverPool) -> None:
-    victim = pool._processes[0]
-    assert victim.pid is not None
+    victim = pool._supervisor.process(0)
+    assert victim is not None and victim.pid is not None
     os.kill(victim.pid, signal.SIGKILL)
     wait_until(lambda: pool.alive() == 1)
     for _ in range(3):
