@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from imaging_ai.phantom.canvas import Canvas, Part, Planes
+from imaging_ai.phantom.contrast import Enhancement
 from imaging_ai.phantom.patient import Patient, rng_for
 from imaging_ai.phantom.sdf import (
     Capsule,
@@ -66,43 +67,63 @@ def _liver(p: Patient, dome: Dome, cav: Loft) -> Shape:
 
 
 def _stomach(p: Patient, dome: Dome, cav: Loft) -> list[Part]:
-    """Stomach under the left dome: wall, fluid and a gas cap in front (the patient is supine)."""
+    """Stomach under the left dome: wall, fluid and a gas cap in front (the patient is supine).
+
+    Its fundus sits a few mm under the dome, so its gas lies just below the lung base.
+    """
     rng = rng_for(p.seed, "stomach")
-    s = p.frame * float(rng.uniform(0.8, 1.2))
-    centre = p.at(58.0, -18.0, 1.28)
-    sac = _below(Ellipsoid(centre, (42 * s, 38 * s, 52 * s), rotation_z(-30.0)), dome, cav, 6.0)
-    gas_level = centre[1] - float(rng.uniform(0.0, 0.7)) * 38 * s
-    gas = Intersect(Offset(sac, -3.0), Front(gas_level))
+    s = p.frame * float(rng.uniform(0.7, 1.3))
+    centre = p.at(float(rng.uniform(48.0, 66.0)), -18.0, float(rng.uniform(1.15, 1.33)))
+    gap = float(rng.uniform(4.0, 8.0))
+    sac = _below(Ellipsoid(centre, (42 * s, 38 * s, 52 * s), rotation_z(-30.0)), dome, cav, gap)
+    wall = float(rng.uniform(2.0, 4.0))
+    gas_level = centre[1] - float(rng.uniform(-0.3, 0.8)) * 38 * s
+    gas = Intersect(Offset(sac, -wall), Front(gas_level))
     return [
         Part("stomach wall", sac, 42.0, fine=5.0),
-        Part("stomach contents", Offset(sac, -3.0), float(rng.uniform(5.0, 30.0)), coarse=12.0),
-        Part("stomach gas", gas, -990.0),
+        Part("stomach contents", Offset(sac, -wall), float(rng.uniform(5.0, 30.0)), coarse=12.0),
+        Part("stomach gas", gas, float(rng.uniform(-1000.0, -900.0))),
     ]
 
 
 def _colon(p: Patient, dome: Dome, cav: Loft) -> list[Part]:
-    """Splenic flexure and transverse colon: gas and stool in a thin wall."""
+    """Splenic flexure and transverse colon: gas pockets and stool in a thin wall.
+
+    The flexure rises under the left dome in some patients; gas fills the colon or sits in
+    pockets in front of the stool.
+    """
     rng = rng_for(p.seed, "colon")
-    pts = [p.at(92, 10, 1.4), p.at(85, -40, 1.5), p.at(40, -62, 1.62), p.at(-30, -60, 1.7)]
+    high = float(rng.uniform(1.12, 1.45))
+    pts = [p.at(92, 10, high), p.at(85, -40, high + 0.1), p.at(40, -62, 1.62), p.at(-30, -60, 1.7)]
     radius = 16.0 * p.frame * float(rng.uniform(0.8, 1.2))
-    tube = _below(Union(tuple(chain(pts, [radius] * 4)), k=6.0), dome, cav, 8.0)
-    return [
-        Part("colon wall", tube, 35.0),
-        Part("colon gas", Offset(tube, -2.0), -960.0 if rng.random() < 0.7 else -120.0),
-    ]
+    tube = _below(
+        Union(tuple(chain(pts, [radius] * 4)), k=6.0), dome, cav, float(rng.uniform(5, 9))
+    )
+    lumen = Offset(tube, -2.0)
+    gas_hu = float(rng.uniform(-1000.0, -900.0))
+    parts = [Part("colon wall", tube, 35.0)]
+    if rng.random() < 0.6:
+        return [*parts, Part("colon gas", lumen, gas_hu)]
+    parts.append(Part("colon contents", lumen, float(rng.uniform(-140.0, 10.0)), fine=40.0))
+    for _ in range(int(rng.integers(1, 5))):
+        at = pts[int(rng.integers(0, 3))]
+        r = float(rng.uniform(4.0, 12.0))
+        pocket = Ellipsoid((at[0] + rng.normal(0, 8), at[1] - 6.0, at[2]), (1.6 * r, r, 1.3 * r))
+        parts.append(Part("colon gas", Intersect(pocket, lumen), gas_hu))
+    return parts
 
 
-def _kidneys(p: Patient, dome: Dome, cav: Loft, y_spine: float) -> list[Part]:
+def _kidneys(p: Patient, dome: Dome, cav: Loft, y_spine: float, enh: Enhancement) -> list[Part]:
     """Upper poles of both kidneys beside the spine; cortex enhances with contrast."""
     out = []
     for side, f in ((-1.0, 1.85), (1.0, 1.78)):
         centre = (p.centre[0] + side * 68.0 * p.frame, y_spine + 12.0, p.z(f))
         shape = _below(Ellipsoid(centre, (26.0, 22.0, 55.0), rotation_z(side * 30.0)), dome, cav)
-        out.append(Part("kidney", shape, 150.0 if p.contrast else 32.0, fine=5.0))
+        out.append(Part("kidney", shape, enh.kidney or 32.0, fine=5.0))
     return out
 
 
-def build_abdomen(p: Patient, cav: Loft, dome: Dome, y_spine: float) -> Abdomen:
+def build_abdomen(p: Patient, cav: Loft, dome: Dome, y_spine: float, enh: Enhancement) -> Abdomen:
     """Upper abdominal organs of ``p``.
 
     Parameters
@@ -115,6 +136,8 @@ def build_abdomen(p: Patient, cav: Loft, dome: Dome, y_spine: float) -> Abdomen:
         Diaphragm the organs stay under.
     y_spine : float
         Patient y of the vertebral bodies.
+    enh : Enhancement
+        Organ and vessel attenuation of the contrast phase.
 
     Returns
     -------
@@ -123,7 +146,8 @@ def build_abdomen(p: Patient, cav: Loft, dome: Dome, y_spine: float) -> Abdomen:
     """
     rng = rng_for(p.seed, "abdomen")
     liver = _liver(p, dome, cav)
-    liver_hu = 105.0 if p.contrast else float(rng.uniform(48.0, 64.0))
+    liver_hu = float(rng.uniform(48.0, 64.0))
+    liver_hu = enh.liver or liver_hu
     spleen = _below(
         Ellipsoid(p.at(95, 42, 1.3), (24.0 * p.frame, 52.0 * p.frame, 48.0 * p.frame),
                   rotation_z(40.0)), dome, cav, 5.0,
@@ -139,12 +163,12 @@ def build_abdomen(p: Patient, cav: Loft, dome: Dome, y_spine: float) -> Abdomen:
     )  # fmt: skip
     organs = [
         Part("liver", liver, liver_hu, fine=5.0, coarse=4.0),
-        *(Part("hepatic vein", Intersect(h, liver), 35.0 if not p.contrast else 150.0)
+        *(Part("hepatic vein", Intersect(h, liver), enh.venous if p.contrast else 35.0)
           for h in hepatic),
-        Part("spleen", spleen, 112.0 if p.contrast else 47.0, fine=5.0),
+        Part("spleen", spleen, enh.spleen or 47.0, fine=5.0),
         *_stomach(p, dome, cav),
         *_colon(p, dome, cav),
-        *_kidneys(p, dome, cav, y_spine),
+        *_kidneys(p, dome, cav, y_spine, enh),
     ]  # fmt: skip
     if rng.random() < 0.7:
         gb = _below(Ellipsoid(p.at(-55, -55, 1.45), (14.0, 16.0, 30.0)), dome, cav)

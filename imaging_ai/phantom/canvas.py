@@ -1,4 +1,4 @@
-"""One axial plane being painted: takes shapes and HU, gives HU, lung and nodule occupancy."""
+"""One axial plane being painted: takes shapes and HU, gives HU, lung, nodule and structure maps."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from typing import Protocol
 import numpy as np
 
 from imaging_ai.phantom.sdf import Arr, Shape, occupancy
+from imaging_ai.phantom.structures import structure_of
 
 AIR_HU = -1000.0
 
@@ -66,6 +67,8 @@ class Canvas:
         self.nodule = np.zeros(shape, dtype=np.float32)
         self.body_q = np.full(shape, 2.0, dtype=np.float32)
         """Normalised radius in the body ellipse (1 at the skin); drives cupping and noise."""
+        self.label = np.zeros(shape, dtype=np.uint8)
+        """Structure label (:mod:`imaging_ai.phantom.structures`) of what covers each pixel most."""
 
     def reset(self) -> None:
         """Fill with air and clear the masks."""
@@ -73,6 +76,7 @@ class Canvas:
         self.lung.fill(0.0)
         self.nodule.fill(0.0)
         self.body_q.fill(2.0)
+        self.label.fill(0)
 
     def window(self, bounds: Sequence[float], margin: float = 2.0) -> Window | None:
         """Pixels within ``margin`` mm of ``bounds`` (x0, x1, y0, y1, ...); None if off-plane."""
@@ -96,6 +100,11 @@ class Canvas:
         """Mix ``value`` into the HU plane with weight ``alpha`` (partial volume)."""
         target = self.hu[win.index]
         target += alpha * (value - target)
+
+    def mark(self, win: Window, alpha: Arr, label: int) -> None:
+        """Label the pixels that ``alpha`` covers at least half (later paint wins, as for HU)."""
+        target = self.label[win.index]
+        target[np.broadcast_to(alpha >= 0.5, target.shape)] = label
 
     def occupancy(self, shape: Shape, z: float) -> tuple[Window, Arr] | None:
         """Window and partial-volume occupancy of a shape on the plane at ``z``."""
@@ -143,3 +152,4 @@ class Part:
         if got is not None:
             win, alpha = got
             canvas.blend(win, alpha, self.hu + planes.texture(win, self.fine, self.coarse))
+            canvas.mark(win, alpha, structure_of(self.name))

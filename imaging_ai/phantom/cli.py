@@ -67,7 +67,8 @@ def _add_realism_arguments(realism: argparse._ArgumentGroup) -> None:
         "--slice-thickness",
         type=float,
         metavar="MM",
-        help="slice thickness and spacing (default: cover the chest)",
+        help="slice thickness and spacing; each slice averages 1 mm planes over its thickness, "
+        "so 5 mm slices blur small nodules and vessels (default: cover the chest)",
     )
     realism.add_argument(
         "--pixel-spacing",
@@ -90,10 +91,23 @@ def _add_realism_arguments(realism: argparse._ArgumentGroup) -> None:
     realism.add_argument(
         "--kernel",
         choices=KERNELS,
-        default="standard",
-        help="reconstruction kernel (sharp = lung kernel)",
+        help="reconstruction kernel (sharp = lung kernel; default drawn from the seed)",
     )
-    realism.add_argument("--contrast", action="store_true", help="intravenous contrast")
+    realism.add_argument(
+        "--contrast",
+        action=argparse.BooleanOptionalAction,
+        help="intravenous contrast (default drawn from the seed)",
+    )
+    realism.add_argument(
+        "--dense-contrast",
+        action=argparse.BooleanOptionalAction,
+        help="undiluted contrast in the subclavian vein, with streaks (default drawn)",
+    )
+    realism.add_argument(
+        "--atelectasis",
+        action=argparse.BooleanOptionalAction,
+        help="dependent atelectasis at the posterior bases (default drawn from the seed)",
+    )
     realism.add_argument(
         "--nodule-size",
         type=float,
@@ -118,6 +132,8 @@ def spec_from_args(args: argparse.Namespace) -> PhantomSpec:
         patient_scale=args.patient_size,
         kernel=args.kernel,
         contrast=args.contrast,
+        dense_contrast=args.dense_contrast,
+        atelectasis=args.atelectasis,
         nodule_diameter_range_mm=(args.nodule_size[0], args.nodule_size[1]),
         nodule_hu=args.nodule_hu,
     )

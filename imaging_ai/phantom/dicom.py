@@ -12,9 +12,10 @@ from pydicom.sequence import Sequence
 from pydicom.uid import UID, CTImageStorage, ExplicitVRLittleEndian, generate_uid
 
 import imaging_ai
-from imaging_ai.phantom.generate import PhantomVolume
+from imaging_ai.phantom.generate import PhantomVolume, spec_kernel
 from imaging_ai.phantom.parallel import for_spans
 from imaging_ai.phantom.scanner import KERNEL_NAMES, PADDING_HU
+from imaging_ai.phantom.structures import COUNT, STRUCTURE_NAMES
 
 Priority = Literal["urgent", "inpatient", "outpatient"]
 PRIORITIES: tuple[Priority, ...] = ("urgent", "inpatient", "outpatient")
@@ -93,7 +94,7 @@ def _acquisition(ds: Dataset, vol: PhantomVolume) -> None:
     ds.TableHeight = "150.0"
     ds.RotationDirection = "CW"
     ds.FilterType = "BODY FILTER"
-    ds.ConvolutionKernel = KERNEL_NAMES[spec.kernel]
+    ds.ConvolutionKernel = KERNEL_NAMES[spec_kernel(spec)]
     ds.PatientPosition = "HFS"
     if p.contrast:
         ds.ContrastBolusAgent = "IOHEXOL 350"
@@ -138,7 +139,7 @@ def _general(ds: Dataset, vol: PhantomVolume, when: dt.datetime) -> None:
     ds.InstitutionName = "imaging-ai synthetic data"
     ds.ReferringPhysicianName = ""
     ds.StudyDescription = "CT CHEST WITH CONTRAST" if vol.patient.contrast else "CT CHEST"
-    kernel = KERNEL_NAMES[vol.spec.kernel]
+    kernel = KERNEL_NAMES[spec_kernel(vol.spec)]
     ds.SeriesDescription = f"Chest {vol.geometry.thickness:g} mm {kernel}"
     ds.ProtocolName = "Chest"
     ds.BodyPartExamined = "CHEST"
@@ -242,7 +243,8 @@ def write_truth(vol: PhantomVolume, path: Path) -> None:
     Per nodule: its centre and nominal diameter as drawn, and what its body measures
     (:attr:`PhantomVolume.nodule_sizes`): the axial long and short axis, the z of the plane
     they lie on, the volume and the centroid; and whether it has spicules, which its mask
-    includes but those sizes do not.
+    includes but those sizes do not. ``structures`` is the structure label map on the image
+    grid and ``structure_names[v]`` the name of label ``v`` (0 "none", 1 "vessel", ...).
     """
     sizes = vol.nodule_sizes
     np.savez_compressed(
@@ -258,6 +260,8 @@ def write_truth(vol: PhantomVolume, path: Path) -> None:
         nodule_centroids_mm=np.asarray([s.centroid_mm for s in sizes], dtype=float).reshape(-1, 3),
         nodule_spiculated=np.asarray([bool(n.spicules) for n in vol.nodules], dtype=bool),
         nodule_kinds=np.asarray([n.kind for n in vol.nodules], dtype=str),
+        structures=vol.structures,
+        structure_names=np.asarray([STRUCTURE_NAMES[k] for k in range(COUNT)], dtype=str),
         origin_mm=vol.positions_mm[0] if len(vol.indices) else np.zeros(3),
         spacing_mm=np.asarray(vol.spacing_mm),
         image_positions_mm=vol.positions_mm,

@@ -13,11 +13,12 @@ import numpy.typing as npt
 from imaging_ai.phantom.canvas import Canvas, Grid, Planes
 from imaging_ai.phantom.nodules import Nodule, NodulePainter, place_nodules
 from imaging_ai.phantom.parallel import for_spans, shared_array, worker_count
-from imaging_ai.phantom.patient import Patient, draw_patient, rng_for
-from imaging_ai.phantom.scanner import Scanner, default_noise, subslice_offsets
+from imaging_ai.phantom.patient import Patient, draw_patient, drawn_spec, rng_for
+from imaging_ai.phantom.scanner import Scanner, default_noise, subslice_offsets, tuned
 from imaging_ai.phantom.scene import Scene, build_scene, lung_box
 from imaging_ai.phantom.sizes import NoduleSize, nodule_size
-from imaging_ai.phantom.spec import STANDARD_THICKNESSES_MM, PhantomSpec
+from imaging_ai.phantom.spec import STANDARD_THICKNESSES_MM, Kernel, PhantomSpec
+from imaging_ai.phantom.structures import combine
 from imaging_ai.phantom.texture import TextureField
 from imaging_ai.phantom.trees import CLASSES
 from imaging_ai.phantom.wall import body_extent
@@ -59,7 +60,7 @@ class PhantomVolume:
     Attributes
     ----------
     spec : PhantomSpec
-        What was asked for.
+        What was asked for, with every option left to chance drawn (contrast, kernel, ...).
     patient : Patient
         Who was drawn.
     hu : ndarray
@@ -68,6 +69,10 @@ class PhantomVolume:
         uint8, 0 background, 1 right lung, 2 left lung (nodules and vessels inside count).
     nodule_mask : ndarray
         uint8 0/1: voxels where some plane within the slice is at least half nodule.
+    structures : ndarray
+        uint8 structure labels (:data:`imaging_ai.phantom.structures.STRUCTURE_NAMES`): what
+        each voxel is when not lung parenchyma or nodule; a class wins a thick slice where it
+        covers a third of its planes. Nodule voxels are 0.
     nodules : tuple of Nodule
         Every nodule of the study (also those outside a partial set of slices).
     indices : ndarray
@@ -87,6 +92,7 @@ class PhantomVolume:
     indices: npt.NDArray[np.int_]
     geometry: Geometry
     noise_hu: float
+    structures: U8
 
     @property
     def positions_mm(self) -> npt.NDArray[np.float64]:
@@ -159,10 +165,20 @@ def _scanner(spec: PhantomSpec, p: Patient, scene: Scene, geo: Geometry) -> Scan
     """Scanner model: noise from the water-equivalent diameter unless the spec sets it."""
     _, _, a, b = (float(v) for v in scene.wall.body_ellipse.section(p.z(0.6)))
     diameter = 0.85 * 2.0 * math.sqrt(a * b)
+    kernel = spec_kernel(spec)
     noise = spec.noise_hu
     if noise is None:
-        noise = default_noise(spec.kernel, geo.thickness, diameter)
-    return Scanner(geo.grid, spec.kernel, noise, 3.0 + 10.0 * max(p.scale - 0.8, 0.0))
+        noise = default_noise(kernel, geo.thickness, diameter)
+    sharpness, boost, grain = tuned(kernel, rng_for(p.seed, "kernel tuning"))
+    cupping = 3.0 + 10.0 * max(p.scale - 0.8, 0.0)
+    return Scanner(geo.grid, kernel, noise, cupping, sharpness, boost, grain)
+
+
+def spec_kernel(spec: PhantomSpec) -> Kernel:
+    """The kernel of a drawn spec (see :func:`imaging_ai.phantom.patient.drawn_spec`)."""
+    if spec.kernel is None:
+        raise ValueError("the spec's kernel has not been drawn")
+    return spec.kernel
 
 
 class Renderer:
@@ -170,28 +186,31 @@ class Renderer:
 
     def __init__(self, scene: Scene, geo: Geometry, scanner: Scanner, seed: int) -> None:
         self.scene, self.geo, self.scanner, self.seed = scene, geo, scanner, seed
-        z_lo = float(geo.z[-1]) - geo.thickness
-        self.fine = TextureField(seed, 2.0, geo.grid, z_lo)
-        self.coarse = TextureField(seed, 12.0, geo.grid, z_lo)
+        self.fine = TextureField(seed, 2.0, geo.grid)
+        self.coarse = TextureField(seed, 12.0, geo.grid)
         self.canvas = Canvas(geo.grid)
         self.buffer = np.zeros((CLASSES, geo.grid.n, geo.grid.n), dtype=np.float32)
+        self.offsets = subslice_offsets(geo.thickness)
+        self.sub_labels = np.zeros((len(self.offsets), geo.grid.n, geo.grid.n), dtype=np.uint8)
 
-    def render(self, k: int, hu: F32, labels: U8, nodule: U8) -> None:
+    def render(self, k: int, hu: F32, labels: U8, nodule: U8, structures: U8) -> None:
         """Render slice ``k`` of the study into the given output planes."""
-        offsets = subslice_offsets(self.geo.thickness)
         lung = np.zeros_like(hu)
         nod = np.zeros_like(hu)
         hu.fill(0.0)
-        for off in offsets:
+        for i, off in enumerate(self.offsets):
             z = float(self.geo.z[k] + off)
             planes = Planes(self.fine.plane(z), self.coarse.plane(z))
             self.scene.render(self.canvas, z, planes, self.buffer)
             hu += self.canvas.hu
             lung += self.canvas.lung
             np.maximum(nod, self.canvas.nodule, out=nod)
-        hu *= 1.0 / len(offsets)
+            self.sub_labels[i] = self.canvas.label
+        hu *= 1.0 / len(self.offsets)
         nodule[...] = nod >= 0.5
-        inside = (lung >= 0.5 * len(offsets)) | (nodule > 0)
+        structures[...] = combine(self.sub_labels)
+        structures[nodule > 0] = 0
+        inside = (lung >= 0.5 * len(self.offsets)) | (nodule > 0)
         midline = self.scene.lungs.midline(float(self.geo.z[k]))
         side = np.where(self.geo.grid.xs < midline, RIGHT_LUNG, LEFT_LUNG).astype(np.uint8)
         labels[...] = inside * side[None, :]
@@ -220,6 +239,7 @@ def generate(
     PhantomVolume
         HU voxels, ground truth and geometry.
     """
+    spec = drawn_spec(spec)
     p = draw_patient(spec)
     scene = build_scene(p)
     geo = plan_geometry(spec, p, scene)
@@ -233,14 +253,16 @@ def generate(
     forked = worker_count(len(indices), workers) > 1
     new = shared_array if forked else np.zeros
     hu, labels, nodule = new(shape, np.float32), new(shape, np.uint8), new(shape, np.uint8)
+    structures = new(shape, np.uint8)
 
     def render(start: int, stop: int) -> None:
         for i in range(start, stop):
-            renderer.render(int(indices[i]), hu[i], labels[i], nodule[i])
+            renderer.render(int(indices[i]), hu[i], labels[i], nodule[i], structures[i])
 
     for_spans(render, len(indices), workers)
+    nodules = scene.nodules.nodules
     return PhantomVolume(
-        spec, p, hu, labels, nodule, scene.nodules.nodules, indices, geo, scanner.noise_hu
+        spec, p, hu, labels, nodule, nodules, indices, geo, scanner.noise_hu, structures
     )
 
 

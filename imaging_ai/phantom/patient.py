@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
-from imaging_ai.phantom.spec import PhantomSpec
+from imaging_ai.phantom.spec import KERNELS, PhantomSpec
 
 
 def rng_for(seed: int, purpose: str) -> np.random.Generator:
@@ -58,6 +58,8 @@ class Patient:
     dependent_hu: float
     breasts: bool
     contrast: bool
+    dense_contrast: bool = False
+    atelectasis: bool = False
 
     def z(self, f: float) -> float:
         """Patient z at depth ``f`` lung lengths below the apex."""
@@ -119,5 +121,31 @@ def draw_patient(spec: PhantomSpec) -> Patient:
         lung_hu=float(rng.normal(-875.0, 18.0)),
         dependent_hu=float(rng.uniform(20.0, 90.0)),
         breasts=sex == "F" and rng.random() < 0.85,
-        contrast=spec.contrast,
+        contrast=bool(spec.contrast),
+        dense_contrast=bool(spec.dense_contrast),
+        atelectasis=bool(spec.atelectasis),
+    )
+
+
+def drawn_spec(spec: PhantomSpec) -> PhantomSpec:
+    """``spec`` with every option left to chance (None) drawn from its seed.
+
+    Each option has its own random stream, so drawing one never changes another, and a spec
+    that sets them all is returned unchanged.
+    """
+    contrast = spec.contrast
+    if contrast is None:
+        contrast = bool(rng_for(spec.seed, "spec contrast").random() < 0.5)
+    dense = spec.dense_contrast
+    if dense is None:
+        dense = contrast and bool(rng_for(spec.seed, "spec dense contrast").random() < 0.6)
+    atelectasis = spec.atelectasis
+    if atelectasis is None:
+        atelectasis = bool(rng_for(spec.seed, "spec atelectasis").random() < 0.65)
+    kernel = spec.kernel
+    if kernel is None:
+        pick = int(rng_for(spec.seed, "spec kernel").choice(3, p=[0.25, 0.45, 0.3]))
+        kernel = KERNELS[pick]
+    return replace(
+        spec, contrast=contrast, dense_contrast=dense, atelectasis=atelectasis, kernel=kernel
     )

@@ -7,7 +7,9 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from imaging_ai.phantom.abdomen import Abdomen, build_abdomen
+from imaging_ai.phantom.atelectasis import draw_atelectasis
 from imaging_ai.phantom.canvas import Canvas, Painter, Planes
+from imaging_ai.phantom.contrast import Enhancement, Streaks, dense_vein, enhancement
 from imaging_ai.phantom.nodules import NodulePainter
 from imaging_ai.phantom.patient import Patient, rng_for
 from imaging_ai.phantom.sdf import Arr
@@ -22,6 +24,7 @@ from imaging_ai.phantom.trees import (
     Tree,
     bronchi,
     grow_tree,
+    lumen,
     sample_inside,
     to_spheres,
 )
@@ -45,6 +48,7 @@ class Scene:
     trees: TreePainter
     vessels: Tree
     nodules: NodulePainter = field(default_factory=lambda: NodulePainter(()))
+    streaks: Streaks | None = None
 
     def render(self, canvas: Canvas, z: float, planes: Planes, buffer: Arr) -> None:
         """Paint the plane at patient ``z`` onto ``canvas`` (``buffer`` is tree scratch space)."""
@@ -59,6 +63,8 @@ class Scene:
             bone.paint(canvas, z, planes)
         self.trees.paint(canvas, z, planes, buffer)
         self.nodules.paint(canvas, z, planes)
+        if self.streaks is not None:
+            self.streaks.paint(canvas, z, planes)
 
     def with_nodules(self, nodules: NodulePainter) -> Scene:
         """The same scene with ``nodules`` in the lungs."""
@@ -74,9 +80,16 @@ def lung_box(lungs: Lungs, p: Patient, side: float) -> tuple[Arr, Arr]:
     return np.array([x0, b[2], z0]), np.array([x1, b[3], z1])
 
 
-def _trees(p: Patient, lungs: Lungs, med: Mediastinum) -> tuple[TreePainter, Tree]:
-    """Arteries, veins and airways of both lungs, as a painter and as vessel segments."""
+def _trees(
+    p: Patient, lungs: Lungs, med: Mediastinum, enh: Enhancement
+) -> tuple[TreePainter, Tree]:
+    """Arteries, veins and airways of both lungs, as a painter and as vessel segments.
+
+    Airways have walls of 0.6 to 2 mm (thickened in some patients); arteries carry the
+    pulmonary and veins the systemic (left heart) enhancement.
+    """
     rng = rng_for(p.seed, "trees")
+    thickening = float(rng_for(p.seed, "bronchial walls").uniform(0.85, 1.4))
     parts: list[tuple[Tree, int, float]] = []
     vessels = []
     for side, tag in ((-1.0, "R"), (1.0, "L")):
@@ -97,10 +110,10 @@ def _trees(p: Patient, lungs: Lungs, med: Mediastinum) -> tuple[TreePainter, Tre
         )
         airways = bronchi(arteries, 1.2, side)
         parts += [(arteries, ARTERY, 1.0), (veins, VEIN, 1.0)]
-        parts += [(airways, AIRWAY_WALL, 1.0), (airways, AIRWAY_LUMEN, 0.72)]
+        parts += [(airways, AIRWAY_WALL, 1.0), (lumen(airways, thickening), AIRWAY_LUMEN, 1.0)]
         vessels += [arteries, veins]
-    art = 200.0 if p.contrast else 40.0
-    vein = 160.0 if p.contrast else 40.0
+    art = enh.pulmonary if p.contrast else 40.0
+    vein = enh.systemic if p.contrast else 40.0
     painter = TreePainter(to_spheres(parts), (art, vein, 20.0, -990.0))
     return painter, Tree.concat(vessels)
 
@@ -121,8 +134,18 @@ def build_scene(p: Patient) -> Scene:
     wall = build_wall(p)
     spine, bones = build_skeleton(p, wall.cavity)
     dome = build_dome(p)
-    med = build_mediastinum(p, wall.cavity, spine.envelope, dome)
-    lungs = build_lungs(p, wall.cavity, med, dome)
-    abdomen = build_abdomen(p, wall.cavity, dome, spine_y(p))
-    trees, vessels = _trees(p, lungs, med)
-    return Scene(p, wall, abdomen, lungs, med, spine, tuple(bones), trees, vessels)
+    enh = enhancement(p)
+    extra, streaks = [], None
+    if p.dense_contrast:
+        _, cy, _, b = (float(v) for v in wall.cavity.section(p.z(0.1)))
+        vein, streaks = dense_vein(p, cy - b)
+        extra.append(vein)
+    med = build_mediastinum(p, wall.cavity, spine.envelope, dome, enh, extra)
+    atelectasis = None
+    if p.atelectasis:
+        atelectasis = draw_atelectasis(p, dome.right[2], p.cavity)
+    lungs = build_lungs(p, wall.cavity, med, dome, atelectasis)
+    abdomen = build_abdomen(p, wall.cavity, dome, spine_y(p), enh)
+    trees, vessels = _trees(p, lungs, med, enh)
+    bone_parts = tuple(bones)
+    return Scene(p, wall, abdomen, lungs, med, spine, bone_parts, trees, vessels, streaks=streaks)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -22,6 +22,7 @@ from imaging_ai.phantom.sdf import (
     loft,
     occupancy,
 )
+from imaging_ai.phantom.structures import BONE
 from imaging_ai.phantom.wall import F_KEYS, spine_y
 
 RIB_COUNT = 12
@@ -52,6 +53,7 @@ class Bone:
         canvas.blend(win, alpha, self.cortex_hu)
         inner = occupancy(self.shape.sdf(win.x, win.y, z) + self.cortex_mm, canvas.grid.spacing)
         canvas.blend(win, inner, self.marrow_hu + planes.texture(win, 35.0, 15.0))
+        canvas.mark(win, alpha, BONE)
 
 
 @dataclass(frozen=True)
@@ -64,6 +66,7 @@ class Spine:
     z_top: float
     pitch: float
     cancellous_hu: float
+    cortex_hu: float = 620.0
     disc_mm: float = 6.0
 
     @property
@@ -75,20 +78,23 @@ class Spine:
         """Paint the level of the column that ``z`` cuts."""
         from_disc = abs(((self.z_top - z) / self.pitch) % 1.0 - 0.5) * self.pitch
         arch_phase = ((self.z_top - z) / self.pitch + 0.3) % 1.0
-        Bone(self.arch, 520.0, 260.0).paint(canvas, z, planes)
+        arch = 0.85 * self.cortex_hu
+        Bone(self.arch, arch, 260.0).paint(canvas, z, planes)
         for process in self._processes(z, arch_phase):
-            Bone(process, 520.0, 240.0, 1.2).paint(canvas, z, planes)
+            Bone(process, arch, 240.0, 1.2).paint(canvas, z, planes)
         got = canvas.occupancy(self.canal, z)
         if got is not None:
             canvas.blend(got[0], got[1], 22.0 + planes.texture(got[0], 5.0, 0.0))
+            canvas.mark(got[0], got[1], BONE)
         if from_disc < self.disc_mm / 2:
             got = canvas.occupancy(self.body, z)
             if got is not None:
                 canvas.blend(got[0], got[1], 85.0 + planes.texture(got[0], 8.0, 0.0))
+                canvas.mark(got[0], got[1], BONE)
             return
         end_plate = from_disc < self.disc_mm / 2 + 1.0
         marrow = 480.0 if end_plate else self.cancellous_hu
-        Bone(self.body, 620.0, marrow, 1.4).paint(canvas, z, planes)
+        Bone(self.body, self.cortex_hu, marrow, 1.4).paint(canvas, z, planes)
 
     def _processes(self, z: float, phase: float) -> list[Shape]:
         """Spinous and transverse processes, which show on part of each level."""
@@ -116,6 +122,7 @@ class Ribs:
     pitch: float
     slope: tuple[float, float]
     """Drop of the rib per mm along it, behind and at the side."""
+    cortex_hu: float = 650.0
 
     def paint(self, canvas: Canvas, z: float, planes: Planes) -> None:
         """Paint every rib section the plane at ``z`` cuts."""
@@ -177,10 +184,12 @@ class Ribs:
         tex = planes.fine[win.index][idx]
         hu = plane[idx]
         alpha = occupancy(d, canvas.grid.spacing)
-        hu += alpha * (np.where(cartilage, 115.0 + 10.0 * tex, 650.0) - hu)
+        hu += alpha * (np.where(cartilage, 115.0 + 10.0 * tex, self.cortex_hu) - hu)
         inner = occupancy(d + 1.2, canvas.grid.spacing) * ~cartilage
         hu += inner * (210.0 + 35.0 * tex - hu)
         plane[idx] = hu
+        labels = canvas.label[win.index]
+        labels[idx[0][alpha >= 0.5], idx[1][alpha >= 0.5]] = BONE
 
 
 @dataclass(frozen=True)
@@ -208,10 +217,12 @@ class Scapulae:
         width = 3.0 + 6.0 * np.clip((phi - hi + 0.12) / 0.12, 0.0, 1.0)
         radial = np.abs(ellipse_sdf(x, y, 0.0, 0.0, ar, br)) - width / 2
         d = np.maximum(radial, np.maximum(lo - phi, phi - hi) * 0.5 * (ar + br))
-        canvas.blend(win, occupancy(d, canvas.grid.spacing), 420.0)
+        alpha = occupancy(d, canvas.grid.spacing)
+        canvas.blend(win, alpha, 420.0)
+        canvas.mark(win, alpha, BONE)
 
 
-def _spine(p: Patient) -> Spine:
+def _spine(p: Patient, cortex_hu: float) -> Spine:
     """Vertebral column in the back of the cavity, growing slightly downwards."""
     y0 = spine_y(p)
     body, canal, arch = [], [], []
@@ -230,6 +241,7 @@ def _spine(p: Patient) -> Spine:
         z_top=p.z(0.02) + 0.5 * rib_pitch(p),
         pitch=rib_pitch(p),
         cancellous_hu=cancellous,
+        cortex_hu=cortex_hu,
     )
 
 
@@ -238,7 +250,7 @@ def rib_pitch(p: Patient) -> float:
     return (p.lung_length + 45.0 * p.frame) / 11.5
 
 
-def _rib_necks(p: Patient, z_first: float) -> list[Bone]:
+def _rib_necks(p: Patient, z_first: float, cortex_hu: float) -> list[Bone]:
     """Rib heads and necks, from the vertebral bodies out to where the ribs meet the cavity."""
     y0, out = spine_y(p), []
     for k in range(RIB_COUNT):
@@ -246,11 +258,11 @@ def _rib_necks(p: Patient, z_first: float) -> list[Bone]:
         for side in (-1.0, 1.0):
             head = (p.centre[0] + side * 19.0 * p.frame, y0 + 6.0 * p.frame, z + 2.0)
             tubercle = (p.centre[0] + side * 40.0 * p.frame, y0 + 30.0 * p.frame, z - 1.0)
-            out.append(Bone(Capsule(head, tubercle, 4.0, 4.5), 600.0, 220.0, 1.2))
+            out.append(Bone(Capsule(head, tubercle, 4.0, 4.5), cortex_hu, 220.0, 1.2))
     return out
 
 
-def _clavicles(p: Patient, front: float) -> list[Bone]:
+def _clavicles(p: Patient, front: float, cortex_hu: float) -> list[Bone]:
     """Collar bones across the top of the chest, from the manubrium out to the shoulders."""
     out = []
     for side in (-1.0, 1.0):
@@ -259,18 +271,18 @@ def _clavicles(p: Patient, front: float) -> list[Bone]:
             (p.centre[0] + side * 70.0, front + 2.0, p.z(0.06)),
             (p.centre[0] + side * 125.0 * p.frame, front + 38.0, p.z(-0.06)),
         ]
-        out += [Bone(c, 650.0, 250.0) for c in chain(pts, (9.0, 7.0, 7.5))]
+        out += [Bone(c, cortex_hu, 250.0) for c in chain(pts, (9.0, 7.0, 7.5))]
     return out
 
 
-def _sternum(p: Patient, cav: Loft) -> Bone:
+def _sternum(p: Patient, cav: Loft, cortex_hu: float) -> Bone:
     """Manubrium, body and xiphoid just in front of the cavity."""
     rows = []
     for f, half_width in ((0.15, 26.0), (0.3, 22.0), (0.36, 15.0), (0.8, 14.0), (0.9, 7.0)):
         z = p.z(f)
         cx, cy, _, b = (float(v) for v in cav.section(z))
         rows.append((z, cx, cy - b - 7.0 * p.frame, half_width * p.frame, 7.0 * p.frame))
-    return Bone(loft(rows), 600.0, 200.0)
+    return Bone(loft(rows), cortex_hu, 200.0)
 
 
 def build_skeleton(p: Patient, cav: Loft) -> tuple[Spine, list[Painter]]:
@@ -290,22 +302,31 @@ def build_skeleton(p: Patient, cav: Loft) -> tuple[Spine, list[Painter]]:
     """
     rng = rng_for(p.seed, "skeleton")
     z_first = p.z(0.02)
+    thickness = float(rng.uniform(7.0, 9.0)) * p.frame
     ribs = Ribs(
         cav,
         offset=5.0 * p.frame,
-        thickness=float(rng.uniform(7.0, 9.0)) * p.frame,
+        thickness=thickness,
         height=float(rng.uniform(8.0, 11.0)) * p.frame,
         z_first=z_first,
         pitch=rib_pitch(p),
         slope=(float(rng.uniform(0.18, 0.26)), float(rng.uniform(0.38, 0.48))),
     )
+    # Cortical bone is 1000 to 1900 HU; the thin cortex of ribs and vertebrae images at about
+    # 700 to 1200 HU on real chest CT. Its own stream keeps the other draws as they were.
+    density = rng_for(p.seed, "bone density")
+    cortex = float(density.uniform(800.0, 1250.0)) * (1.25 - p.age / 200)
+    cortex = float(np.clip(cortex, 700.0, 1200.0))
+    # The ribs' inner cortex lies 1 to 2.5 mm from the lung: pleura, fascia, intercostal muscle.
+    gap = float(density.uniform(-0.5, 1.0)) * p.frame
+    ribs = replace(ribs, offset=thickness / 2 + gap, cortex_hu=cortex)
     _, cy, _, b = (float(v) for v in cav.section(p.z(0.1)))
     scap = Scapulae(cav, offset=22.0 * p.frame, z_top=p.z(-0.3), z_bottom=p.z(0.5))
     others: list[Painter] = [
         ribs,
-        *_rib_necks(p, z_first),
-        _sternum(p, cav),
-        *_clavicles(p, cy - b - 10.0 * p.frame),
+        *_rib_necks(p, z_first, cortex),
+        _sternum(p, cav, cortex),
+        *_clavicles(p, cy - b - 10.0 * p.frame, cortex),
         scap,
     ]
-    return _spine(p), others
+    return _spine(p, cortex), others

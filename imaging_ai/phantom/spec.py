@@ -37,10 +37,20 @@ class PhantomSpec:
         patient size, the kernel and the slice thickness (about 8 to 30 HU).
     patient_scale : float or None
         Habitus: 1 is an average adult, 0.8 slim, 1.4 obese; None draws one from the seed.
-    kernel : {"soft", "standard", "sharp"}
-        Reconstruction kernel: resolution and noise texture ("sharp" is a lung kernel).
-    contrast : bool
-        Intravenous contrast (bright vessels, heart chambers, enhancing organs).
+    kernel : {"soft", "standard", "sharp"} or None
+        Reconstruction kernel: resolution and noise texture ("sharp" is a lung kernel, with edge
+        overshoot). None draws one from the seed (soft 25 %, standard 45 %, sharp 30 %); each
+        patient's scanner also varies the kernel's resolution and noise grain a little.
+    contrast : bool or None
+        Intravenous contrast (vessels and heart chambers at 150 to 400 HU in a pulmonary,
+        arterial or venous phase; enhancing organs). None draws it from the seed (half).
+    dense_contrast : bool or None
+        Undiluted contrast (1000 to 2500 HU) in the subclavian vein of the injected arm, with
+        beam-hardening streaks across the upper chest. Only with contrast; None draws it from
+        the seed (60 % of contrast studies).
+    atelectasis : bool or None
+        Dependent atelectasis: bands and wedges of -300 to +40 HU along the posterior lung
+        bases. None draws it from the seed (65 %).
     nodule_diameter_range_mm : tuple of float
         Smallest and largest nodule diameter; drawn log-uniformly, as small nodules are common.
     nodule_hu : float
@@ -60,8 +70,10 @@ class PhantomSpec:
     pixel_spacing_mm: float | None = None
     noise_hu: float | None = None
     patient_scale: float | None = None
-    kernel: Kernel = "standard"
-    contrast: bool = False
+    kernel: Kernel | None = None
+    contrast: bool | None = None
+    dense_contrast: bool | None = None
+    atelectasis: bool | None = None
     nodule_diameter_range_mm: tuple[float, float] = (4.0, 30.0)
     nodule_hu: float = 30.0
     subsolid_fraction: float = 0.2
@@ -86,8 +98,10 @@ def _problems(spec: PhantomSpec) -> list[str]:
     out += _range("pixel_spacing_mm", spec.pixel_spacing_mm, 0.3, 1.5)
     out += _range("noise_hu", spec.noise_hu, 0.0, 200.0)
     out += _range("patient_scale", spec.patient_scale, 0.7, 1.5)
-    if spec.kernel not in KERNELS:
-        out.append(f"kernel={spec.kernel!r} must be one of {', '.join(KERNELS)}")
+    if spec.kernel is not None and spec.kernel not in KERNELS:
+        out.append(f"kernel={spec.kernel!r} must be one of {', '.join(KERNELS)} or None")
+    if spec.dense_contrast and spec.contrast is False:
+        out.append("dense_contrast=True needs contrast (True or None)")
     lo, hi = spec.nodule_diameter_range_mm
     if not 3.0 <= lo <= hi <= 40.0:
         out.append(f"nodule_diameter_range_mm={(lo, hi)} must satisfy 3 <= min <= max <= 40")

@@ -8,7 +8,11 @@ import numpy as np
 
 from imaging_ai.phantom.canvas import Canvas, Planes
 from imaging_ai.phantom.sdf import Arr, Index, Mask
+from imaging_ai.phantom.structures import AIRWAY, VESSEL
 from imaging_ai.phantom.trees import CLASSES, Spheres
+
+LABELS = (VESSEL, VESSEL, AIRWAY, AIRWAY)
+"""Structure label of each tree class: artery, vein, airway wall, airway lumen."""
 
 
 def splat(spheres: Spheres, canvas: Canvas, z: float, out: Arr) -> None:
@@ -94,6 +98,8 @@ class TreePainter:
             return
         band = slice(int(rows[0]), int(rows[-1]) + 1)
         hu = canvas.hu[band]
+        labels = canvas.label[band]
         for cls, value in enumerate(self.hu):
             alpha = buffer[cls, band]
             hu += alpha * (value - hu)
+            labels[alpha >= 0.5] = LABELS[cls]

@@ -36,14 +36,15 @@ class TextureField:
 
     In the plane the field is band-limited noise made by an inverse FFT of random Fourier
     coefficients; along z the coefficients of lattice layers ``step`` mm apart are blended with
-    cubic B-spline weights, so neighbouring slices share texture. Planes have unit variance on
+    cubic B-spline weights, so neighbouring slices share texture. The layers sit at multiples of
+    ``step`` in patient z, so a plane's texture does not depend on which slices are rendered
+    (a thick slice is the mean of the thin slices it covers). Planes have unit variance on
     average; callers multiply by the HU amplitude they want. (FFTs, unlike matrix products,
     start no BLAS threads, which would fight the worker processes for cores.)
     """
 
-    def __init__(self, seed: int, step: float, grid: Grid, z_lo: float) -> None:
+    def __init__(self, seed: int, step: float, grid: Grid) -> None:
         self.seed, self.step, self.n = seed, step, grid.n
-        self.z0 = z_lo - 2 * step
         sigma = step / 2
         fy = np.fft.fftfreq(grid.n, grid.spacing)
         fx = np.fft.rfftfreq(grid.n, grid.spacing)
@@ -63,7 +64,7 @@ class TextureField:
         if k not in self._layers:
             if len(self._layers) > 8:
                 self._layers.clear()
-            rng = np.random.default_rng([self.seed, 0x7E47, round(self.step * 1000), k + 1000])
+            rng = np.random.default_rng([self.seed, 0x7E47, round(self.step * 1000), k + 100000])
             # Uniform coefficients: the inverse FFT sums thousands, so the field is Gaussian.
             re, im = rng.random((2, *self._amp.shape), dtype=np.float32) - 0.5
             self._layers[k] = (re + 1j * im) * self._amp
@@ -77,7 +78,7 @@ class TextureField:
 
     def plane(self, z: float) -> Arr:
         """Field on the plane grid at ``z``, unit variance on average, float32 ``(n, n)``."""
-        t = (z - self.z0) / self.step
+        t = z / self.step
         wz = bspline_weights(np.asarray([t]))[0]
         base = math.floor(t) - 1
         coeffs = sum(float(wz[k]) * self._layer(base + k) for k in range(4))

@@ -7,7 +7,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from imaging_ai.phantom.atelectasis import Atelectasis
 from imaging_ai.phantom.canvas import Canvas, Part, Planes
+from imaging_ai.phantom.contrast import Enhancement
 from imaging_ai.phantom.patient import Patient, rng_for
 from imaging_ai.phantom.sdf import (
     FAR,
@@ -25,20 +27,25 @@ from imaging_ai.phantom.sdf import (
     occupancy,
     smin,
 )
+from imaging_ai.phantom.structures import NONE
 
 ENVELOPE_FILLET = 9.0
 """Fillet (mm) of the mediastinal outline: fat fills the gaps between its organs."""
 PLEURA = 1.5
+"""Gap (mm) between lung and mediastinal organs or the chest wall."""
 DOME_POWER = 1.6
 """Above 1 the domes are flatter on top and steeper at the sides than a paraboloid."""
-"""Gap (mm) between lung and mediastinal organs or the chest wall."""
+Bump = tuple[float, float, float, float]
+"""A hump on the diaphragm: centre x, y (mm), height and width (mm)."""
 
 
 @dataclass(frozen=True)
 class Dome:
     """Both hemidiaphragms: saturating paraboloids under each lung, blended across the midline.
 
-    ``sdf`` is negative below the diaphragm (the abdomen), positive above it.
+    ``sdf`` is negative below the diaphragm (the abdomen), positive above it. ``bumps`` are
+    focal humps (eventration, muscle slips): an axial plane through the top of one cuts a round
+    island of soft tissue out of the lung base.
     """
 
     right: tuple[float, float, float]
@@ -48,21 +55,28 @@ class Dome:
     wy_front: float
     wy_back: float
     midline: float
+    power: float = DOME_POWER
+    bumps: tuple[Bump, ...] = ()
+
+    @property
+    def top(self) -> float:
+        """Highest z the diaphragm can reach (a bump may stand above a dome's top)."""
+        return max(self.right[2], self.left[2]) + max((b[2] for b in self.bumps), default=0.0)
 
     @property
     def bounds(self) -> tuple[float, float, float, float, float, float]:
-        """Unbounded in x and y; below the higher dome top in z."""
-        return (-FAR, FAR, -FAR, FAR, -FAR, max(self.right[2], self.left[2]) + 1.0)
+        """Unbounded in x and y; below the highest point in z."""
+        return (-FAR, FAR, -FAR, FAR, -FAR, self.top + 1.0)
 
     def _side(self, x: Coord, y: Coord, top: tuple[float, float, float]) -> tuple[Arr, Arr, Arr]:
         """Surface z and its x and y slopes under one dome (flat-topped: a super-Gaussian)."""
         dx, dy = x - top[0], y - top[1]
         wy = np.where(dy < 0, self.wy_front, self.wy_back)
         r2 = (dx / self.wx) ** 2 + (dy / wy) ** 2
-        u = r2**DOME_POWER
+        u = r2**self.power
         e = self.depth * np.exp(-u)
         # d(depth)/d(r2), times d(r2)/dx and d(r2)/dy.
-        k = -e * DOME_POWER * np.maximum(r2, 1e-9) ** (DOME_POWER - 1)
+        k = -e * self.power * np.maximum(r2, 1e-9) ** (self.power - 1)
         return top[2] - self.depth + e, k * 2 * dx / self.wx**2, k * 2 * dy / wy**2
 
     def sdf(self, x: Coord, y: Coord, z: Coord) -> Arr:
@@ -73,6 +87,12 @@ class Dome:
         zs = zr + w * (zl - zr)
         gx = gxr + w * (gxl - gxr) + (zl - zr) * w * (1 - w) / 12.0
         gy = gyr + w * (gyl - gyr)
+        for bx, by, height, width in self.bumps:
+            dx, dy = x - bx, y - by
+            h = height * np.exp(-(dx * dx + dy * dy) / (width * width))
+            zs = zs + h
+            gx = gx - 2.0 * h * dx / (width * width)
+            gy = gy - 2.0 * h * dy / (width * width)
         return np.asarray((z - zs) / np.sqrt(1.0 + gx * gx + gy * gy))
 
 
@@ -110,6 +130,7 @@ class Lungs:
     band: Loft
     hu: float
     dependent_hu: float
+    atelectasis: Atelectasis | None = None
 
     def midline(self, z: float) -> float:
         """x that separates the right lung (smaller x) from the left at ``z``."""
@@ -133,7 +154,7 @@ class Lungs:
             self.apices.depth + 5.0
         ):
             d = np.maximum(d, self.apices.sdf(x, y, z))
-        if not plane or float(z) < max(self.dome.right[2], self.dome.left[2]) + 8.0:
+        if not plane or float(z) < self.dome.top + 8.0:
             d = np.maximum(d, -self.dome.sdf(x, y, z))
         return np.asarray(d)
 
@@ -161,6 +182,10 @@ class Lungs:
         depth = np.clip((win.y - cy) / b, 0.0, 1.0)
         value = self.hu + self.dependent_hu * depth**2 + planes.texture(win, 6.0, 16.0)
         canvas.blend(win, alpha, value)
+        canvas.mark(win, alpha, NONE)
+        if self.atelectasis is not None:
+            section = (self.midline(z), cy, b)
+            self.atelectasis.paint(canvas, win, -d, alpha, z, section, planes)
 
 
 @dataclass(frozen=True)
@@ -184,14 +209,7 @@ def _path(p: Patient, rows: Sequence[tuple[float, float, float]], radii: Sequenc
     return Union(tuple(chain(pts, [r * p.frame for r in radii])))
 
 
-def _blood(p: Patient, arterial: bool) -> float:
-    """Blood HU: haematocrit without contrast; enhanced with it."""
-    if not p.contrast:
-        return 42.0
-    return 260.0 if arterial else 170.0
-
-
-def _heart(p: Patient, dome: Dome) -> tuple[Shape, list[Part]]:
+def _heart(p: Patient, dome: Dome, enh: Enhancement) -> tuple[Shape, list[Part]]:
     """Pericardial fat, myocardium and (with contrast) chambers, resting on the diaphragm."""
     rng = rng_for(p.seed, "heart")
     turn, tilt = np.radians(rng.normal(0.0, 8.0)), rng.normal(0.0, 0.06)
@@ -216,21 +234,21 @@ def _heart(p: Patient, dome: Dome) -> tuple[Shape, list[Part]]:
     epicardial = float(rng.uniform(3.0, 6.0)) + 4.0 * max(p.scale - 0.9, 0.0)
     parts = [
         Part("pericardial fat", sac, -95.0, fine=8.0),
-        Part("myocardium", Offset(sac, -epicardial), 48.0 if not p.contrast else 105.0, fine=5.0),
-        Part("left atrium", ellipsoid(4.0, 4.0, 0.62, (30.0, 18.0, 20.0)), _blood(p, False)),
+        Part("myocardium", Offset(sac, -epicardial), enh.myocardium, fine=5.0),
+        Part("left atrium", ellipsoid(4.0, 4.0, 0.62, (30.0, 18.0, 20.0)), enh.systemic),
     ]
     if p.contrast:
         parts += [
+            Part("left ventricle", ellipsoid(38.0, -30.0, 0.8, (32.0, 22.0, 20.0)), enh.systemic),
             Part(
-                "left ventricle", ellipsoid(38.0, -30.0, 0.8, (32.0, 22.0, 20.0)), _blood(p, True)
+                "right ventricle", ellipsoid(-2.0, -48.0, 0.78, (30.0, 13.0, 20.0)), enh.pulmonary
             ),
-            Part("right ventricle", ellipsoid(-2.0, -48.0, 0.78, (30.0, 13.0, 20.0)), 200.0),
-            Part("right atrium", ellipsoid(-34.0, -16.0, 0.74, (22.0, 20.0, 26.0)), 190.0),
+            Part("right atrium", ellipsoid(-34.0, -16.0, 0.74, (22.0, 20.0, 26.0)), enh.venous),
         ]
     return sac, parts
 
 
-def _vessels(p: Patient) -> list[Part]:
+def _vessels(p: Patient, enh: Enhancement) -> list[Part]:
     """Great vessels, with arch branches, pulmonary arteries and veins, cavae and azygos."""
     age = 0.88 + 0.004 * (p.age - 30)
     aorta = _path(
@@ -239,8 +257,7 @@ def _vessels(p: Patient) -> list[Part]:
          (25, 20, 0.34), (27, 24, 0.5), (24, 26, 0.8), (14, 22, 1.1), (6, 18, 1.5), (4, 16, 2.2)],
         [r * age for r in (15.5, 16, 15, 14, 13, 12.5, 12, 12, 11.5, 11, 10.5)],
     )  # fmt: skip
-    art, vein = _blood(p, True), _blood(p, False)
-    pa = 180.0 if p.contrast else 42.0
+    art, vein, pa = enh.systemic, enh.venous, enh.pulmonary
     return [
         Part("aorta", aorta, art, fine=3.0),
         Part("pulmonary trunk", _path(p, [(16, -42, 0.6), (13, -26, 0.47), (8, -14, 0.42)],
@@ -263,7 +280,7 @@ def _vessels(p: Patient) -> list[Part]:
                                       (-26, -18, 0.34)], [4.5, 4.5, 5, 5.5]), vein),
         Part("inferior vena cava", _path(p, [(-22, -5, 0.82), (-24, 8, 1.1), (-22, 14, 1.5),
                                              (-18, 14, 2.2)], [12, 12, 11.5, 11]), vein),
-        *(Part("pulmonary vein", _path(p, [(4, yl, fl), end], [7.5, 7.0]), vein)
+        *(Part("pulmonary vein", _path(p, [(4, yl, fl), end], [7.5, 7.0]), art)
           for yl, fl, end in ((2, 0.62, (-38, -6, 0.56)), (6, 0.66, (-38, 10, 0.64)),
                               (2, 0.62, (38, -4, 0.54)), (6, 0.66, (36, 14, 0.62)))),
     ]  # fmt: skip
@@ -295,7 +312,14 @@ def _nodes(p: Patient) -> list[Part]:
     return out
 
 
-def build_mediastinum(p: Patient, cav: Loft, spine: Shape, dome: Dome) -> Mediastinum:
+def build_mediastinum(
+    p: Patient,
+    cav: Loft,
+    spine: Shape,
+    dome: Dome,
+    enh: Enhancement,
+    extra: Sequence[Part] = (),
+) -> Mediastinum:
     """Mediastinal organs of ``p`` and the outline the lungs must keep clear of.
 
     Parameters
@@ -308,17 +332,21 @@ def build_mediastinum(p: Patient, cav: Loft, spine: Shape, dome: Dome) -> Medias
         Outline of the vertebral column.
     dome : Dome
         Diaphragm, which the heart rests on.
+    enh : Enhancement
+        Blood and heart attenuation.
+    extra : sequence of Part
+        More vessels for the envelope, painted after the others (a vein full of contrast).
 
     Returns
     -------
     Mediastinum
         Parts in painting order, the envelope and the hilar tree roots.
     """
-    sac, heart = _heart(p, dome)
+    sac, heart = _heart(p, dome, enh)
     airway, air_parts = _airways(p)
     esophagus = _path(p, [(3, 14, -0.45), (5, 14, 0.3), (6, 16, 0.6), (10, 14, 0.95),
                           (30, 0, 1.12), (48, -10, 1.2)], [7.5, 7.5, 7.5, 8, 8, 9])  # fmt: skip
-    vessels = _vessels(p)
+    vessels = [*_vessels(p, enh), *extra]
     nodes = _nodes(p)
     parts = [*heart, *vessels, Part("esophagus", esophagus, 38.0, fine=5.0), *air_parts, *nodes]
     envelope = (
@@ -343,7 +371,9 @@ def band_of(p: Patient, cav: Loft) -> Loft:
     return loft(rows, capped=False)
 
 
-def build_lungs(p: Patient, cav: Loft, med: Mediastinum, dome: Dome) -> Lungs:
+def build_lungs(
+    p: Patient, cav: Loft, med: Mediastinum, dome: Dome, atelectasis: Atelectasis | None = None
+) -> Lungs:
     """Both lungs of ``p``, bounded by the cavity, mediastinum, apices and diaphragm."""
     band = band_of(p, cav)
     a0, b0 = p.cavity
@@ -354,18 +384,33 @@ def build_lungs(p: Patient, cav: Loft, med: Mediastinum, dome: Dome) -> Lungs:
         width=42.0 * p.frame,
         midline=p.centre[0],
     )
-    return Lungs(cav, med.envelope, dome, apices, band, p.lung_hu, p.dependent_hu)
+    return Lungs(cav, med.envelope, dome, apices, band, p.lung_hu, p.dependent_hu, atelectasis)
 
 
 def build_dome(p: Patient) -> Dome:
-    """Diaphragm of ``p``: the right dome under the liver stands higher than the left."""
+    """Diaphragm of ``p``: the right dome under the liver stands higher than the left.
+
+    Width, flatness and up to two focal humps vary with the seed.
+    """
     a0, b0 = p.cavity
+    rng = rng_for(p.seed, "dome")
+    right = p.at(-0.4 * a0 / p.frame, -0.05 * b0 / p.frame, 1.0)
+    left = (*p.at(0.42 * a0 / p.frame, 0.0, 1.0)[:2], p.z(1.0) - p.left_dome_drop)
+    bumps = []
+    for _ in range(int(rng.choice(3, p=[0.35, 0.45, 0.2]))):
+        top = right if rng.random() < 0.65 else left  # anteromedial right humps are commonest
+        x = top[0] + float(rng.uniform(-0.4, 0.4)) * a0
+        y = top[1] + float(rng.uniform(-0.6, 0.2)) * b0
+        bumps.append((x, y, float(rng.uniform(6.0, 18.0)), float(rng.uniform(12.0, 28.0))))
+    u = rng.uniform
     return Dome(
-        right=p.at(-0.4 * a0 / p.frame, -0.05 * b0 / p.frame, 1.0),
-        left=(*p.at(0.42 * a0 / p.frame, 0.0, 1.0)[:2], p.z(1.0) - p.left_dome_drop),
+        right=right,
+        left=left,
         depth=115.0 * p.frame,
-        wx=90.0 * p.frame,
-        wy_front=105.0 * p.frame,
-        wy_back=75.0 * p.frame,
+        wx=90.0 * p.frame * float(u(0.85, 1.15)),
+        wy_front=105.0 * p.frame * float(u(0.85, 1.15)),
+        wy_back=75.0 * p.frame * float(u(0.85, 1.15)),
         midline=p.centre[0] + 10.0 * p.frame,
+        power=float(u(1.3, 2.0)),
+        bumps=tuple(bumps),
     )

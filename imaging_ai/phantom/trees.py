@@ -159,6 +159,21 @@ def bronchi(arteries: Tree, min_radius: float, side: float) -> Tree:
     return Tree(a + shift, b + shift, outer, arteries.generation[keep])
 
 
+def lumen(airways: Tree, thickening: float = 1.0) -> Tree:
+    """The air inside ``airways``: their walls are 0.6 to 2 mm thick, thicker on larger ones.
+
+    Parameters
+    ----------
+    airways : Tree
+        Outer surface of the airways.
+    thickening : float
+        Scales every wall (bronchial wall thickening in smokers and asthma).
+    """
+    wall = np.clip((0.2 * airways.r + 0.5) * thickening, 0.6, 2.0)
+    inner = np.maximum(airways.r - wall, 0.3 * airways.r)
+    return Tree(airways.a, airways.b, inner, airways.generation)
+
+
 @dataclass(frozen=True)
 class Spheres:
     """Tubes as overlapping spheres sorted by z, ready to be cut by axial planes."""

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from imaging_ai.phantom.canvas import Canvas, Part, Planes
+from imaging_ai.phantom.canvas import Canvas, Painter, Part, Planes
 from imaging_ai.phantom.patient import Patient, rng_for
 from imaging_ai.phantom.sdf import (
     FAR,
@@ -20,6 +20,7 @@ from imaging_ai.phantom.sdf import (
     occupancy,
     smax,
 )
+from imaging_ai.phantom.structures import CHEST_WALL, MEDIASTINUM
 
 # Key frames in lung lengths below the apex; the cavity narrows to the apex (multipliers of the
 # widest cavity) and its narrow top sits further back, as the first ribs slope down forwards.
@@ -121,7 +122,7 @@ class Wall:
     cavity: Loft
     body: Torso
     body_ellipse: Loft
-    parts: tuple[Part, ...]
+    parts: tuple[Painter, ...]
     table: tuple[Part, ...]
 
     def paint(self, canvas: Canvas, z: float, planes: Planes) -> None:
@@ -141,9 +142,39 @@ class Wall:
         if win is None:
             return
         d = self.body.sdf(win.x, win.y, z)
-        canvas.blend(win, occupancy(d, canvas.grid.spacing), 25.0 + planes.texture(win, 6.0, 0.0))
+        alpha = occupancy(d, canvas.grid.spacing)
+        canvas.blend(win, alpha, 25.0 + planes.texture(win, 6.0, 0.0))
         fat = occupancy(d + SKIN_MM, canvas.grid.spacing)
         canvas.blend(win, fat, -102.0 + planes.texture(win, 10.0, 6.0))
+        canvas.mark(win, alpha, CHEST_WALL)
+
+
+@dataclass(frozen=True)
+class CavityFat:
+    """Fat filling the cavity before the lungs and organs go in.
+
+    What the lungs leave of it is the extrapleural layer along the chest wall and the fat
+    between the mediastinal organs: it is labelled mediastinum more than ``wall_mm`` inside the
+    cavity's outline and within ``central`` of its half-width from its centre, chest wall
+    elsewhere.
+    """
+
+    cavity: Loft
+    wall_mm: float = 8.0
+    central: float = 0.4
+
+    def paint(self, canvas: Canvas, z: float, planes: Planes) -> None:
+        """Paint the fat and label it by where it lies in the cavity."""
+        got = canvas.occupancy(self.cavity, z)
+        if got is None:
+            return
+        win, alpha = got
+        canvas.blend(win, alpha, -92.0 + planes.texture(win, 10.0, 8.0))
+        cx, _, a, _ = (float(v) for v in self.cavity.section(z))
+        deep = self.cavity.sdf(win.x, win.y, z) < -self.wall_mm
+        middle = np.abs(win.x - cx) < self.central * a
+        canvas.mark(win, alpha, CHEST_WALL)
+        canvas.mark(win, alpha * (deep & middle), MEDIASTINUM)
 
 
 def _cavity(p: Patient, f_range: tuple[float, float] | None = None) -> Loft:
@@ -306,11 +337,11 @@ def build_wall(p: Patient) -> Wall:
     body_ellipse, back = _outlines(p, cav)
     breasts = _breasts(p)
     body = Torso(body_ellipse, back, breasts)
-    parts = (
+    parts: tuple[Painter, ...] = (
         *_glands(p, body_ellipse, breasts),
         *_muscles(p, cav),
         Part("neck", _cavity(p, (F_KEYS[0], NECK_F)), 15.0, fine=12.0, coarse=45.0),
-        Part("cavity fat", _cavity(p, (NECK_F, F_KEYS[-1])), -92.0, fine=10.0, coarse=8.0),
+        CavityFat(_cavity(p, (NECK_F, F_KEYS[-1]))),
     )
     return Wall(cav, body, body_ellipse, parts, _table(back))
 
