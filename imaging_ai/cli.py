@@ -87,6 +87,14 @@ def cmd_infer(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_evaluate(args: argparse.Namespace) -> int:
+    """Score the analysis on local cases with references."""
+    from imaging_ai.evaluate import run
+
+    setup_logging("WARNING")
+    return run(args)
+
+
 def cmd_build_engines(args: argparse.Namespace) -> int:
     """Build TensorRT engines ahead of time."""
     from imaging_ai.infer.cli import run
@@ -164,6 +172,14 @@ def build_parser() -> argparse.ArgumentParser:
     infer.add_argument("--engines-dir", type=Path, help="folder of model folders")
     infer.add_argument("--backend", choices=BACKENDS, help="force an inference backend")
     infer.set_defaults(func=cmd_infer)
+
+    from imaging_ai.evaluate import add_arguments as evaluate_arguments
+
+    evaluate = sub.add_parser(
+        "evaluate", help="score the analysis on local cases (summary.json, froc.png, table)"
+    )
+    evaluate_arguments(evaluate)
+    evaluate.set_defaults(func=cmd_evaluate)
 
     from imaging_ai.infer.cli import add_arguments as build_arguments
 

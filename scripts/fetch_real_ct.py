@@ -187,7 +187,9 @@ def _check_lungs_on_dicom_grid(lungs: sitk.Image, mask: sitk.Image, csv: str) ->
     flat = lidc_lungs(mask, csv, mask)  # the label map on its own grid
     want = sitk.GetArrayFromImage(flat)[:, ::-1, :]
     if not np.array_equal(sitk.GetArrayFromImage(lungs), want):
-        raise ValueError("lungs on the DICOM grid do not follow dicom[r, c, k] == nifti[c, 511-r, k]")
+        raise ValueError(
+            "lungs on the DICOM grid do not follow dicom[r, c, k] == nifti[c, 511-r, k]"
+        )
 
 
 class _temporary:
@@ -225,7 +227,7 @@ def lay_out_rider(sdist: Path, case: Path) -> None:
     if count != 236:
         raise ValueError(f"expected 236 RIDER CT slices, found {count}")
     (case / "case.toml").write_text(
-        '# The tumour reference: the manual GTV of the RTSTRUCT (seg.dcm holds the same as a SEG).\n'
+        "# The tumour reference: the manual GTV of the RTSTRUCT (seg.dcm has it as a SEG).\n"
         'lesion_file = "rtstruct.dcm"\nlesion_roi = "GTVp_test_man"\n'
     )
 
@@ -290,7 +292,9 @@ def main(argv: list[str] | None = None) -> int:
     except RegistryUnreachable as exc:
         print(f"fetch_real_ct: {exc}", file=sys.stderr)
         return 2
-    print(f"cases written under {args.out}/dev and {args.out}/eval (eval: CC BY-NC, evaluation only)")
+    print(
+        f"cases written under {args.out}/dev and {args.out}/eval (eval: CC BY-NC, evaluation only)"
+    )
     return 0
 
 
