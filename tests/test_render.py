@@ -167,3 +167,14 @@ def test_side_by_side() -> None:
     pixels = rgb(both)
     assert (pixels[0, 0] == (255, 0, 0)).all() and (pixels[0, 13] == (0, 255, 0)).all()
     assert (pixels[15, 15] == 0).all()  # background below the shorter one
+
+
+def test_side_by_side_on_another_background_and_with_plain_images() -> None:
+    hu, mask = _slice()
+    key = key_image(hu, [(mask, YELLOW)])
+    both = side_by_side([key, key_image(hu, crop=(0, 0, 10, 10))], gap=2, background=BLUE)
+    assert both.mode == "P"
+    assert (rgb(both)[0, 48] == BLUE).all() and (rgb(both)[20, 10] == YELLOW).all()
+    plain = Image.new("RGB", (5, 5), (1, 2, 3))
+    mixed = side_by_side([key, plain], gap=0)
+    assert mixed.mode == "RGB" and (np.asarray(mixed)[0, 48] == (1, 2, 3)).all()

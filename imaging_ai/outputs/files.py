@@ -1,13 +1,15 @@
 """Takes an analysis and its job and gives the result files on disk, ready for the outbox.
 
 One folder per job under ``<data_dir>/results/<study uid>/<job id>/``: ``seg.dcm``, ``sr.dcm``,
-``oru-<n>.hl7`` (one per RIS: the message header names its receiver) and ``fhir.json``. Each
+``oru-<n>.hl7`` (one per RIS: the message header names its receiver), ``fhir.json``, and
+``key-<n>.png`` per finding for the status page (never delivered). Each
 file is written atomically (temporary name, fsync, rename). The same job rebuilt gives the
 same bytes (deterministic UIDs, pinned creation time), so a retry resends the same objects.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -22,10 +24,13 @@ from imaging_ai.analyse import Analysis
 from imaging_ai.config import Config
 from imaging_ai.outbox import Payload
 from imaging_ai.outputs.common import Algorithm, build_report, read_headers
+from imaging_ai.outputs.keyimages import write_key_images
 from imaging_ai.outputs.messages import MessageBuilder, RisMessage, submit
 from imaging_ai.outputs.seg import encode_segmentation
 from imaging_ai.outputs.sr import build_measurement_report
 from imaging_ai.outputs.uids import output_uids
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -35,6 +40,7 @@ class ResultFiles:
     folder: Path
     payloads: tuple[Payload, ...]
     fhir: Path
+    key_images: tuple[Path, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -123,10 +129,14 @@ def write_results(
         def write(name: str, data: bytes | memoryview) -> None:
             written[name] = pool.submit(_save_bytes, folder / _file_name(name), data)
 
+        # Drawn in a writer thread while SEG and SR are encoded (numpy, zlib and the writes
+        # release the GIL), so the key images add little to the results' time.
+        keys = pool.submit(_write_key_images, analysis, folder, job_id)
         encoded = encode_results(
             analysis, headers, job_id, created, impression, config, builder, write
         )
         paths = {name: future.result() for name, future in written.items()}
+        key_images = tuple(keys.result())
     payloads = [
         Payload("seg", paths["seg"], encoded.seg_uid),
         Payload("sr", paths["sr"], encoded.sr_uid),
@@ -136,7 +146,7 @@ def write_results(
             Payload("oru", paths[f"oru-{n}"], message.control_id, destination=message.destination)
         )
     fhir = paths["fhir"]
-    return ResultFiles(folder, tuple(payloads), fhir)
+    return ResultFiles(folder, tuple(payloads), fhir, key_images)
 
 
 _FILE_NAMES = {"seg": "seg.dcm", "sr": "sr.dcm", "fhir": "fhir.json"}
@@ -144,6 +154,16 @@ _FILE_NAMES = {"seg": "seg.dcm", "sr": "sr.dcm", "fhir": "fhir.json"}
 
 def _file_name(name: str) -> str:
     return _FILE_NAMES.get(name) or f"{name}.hl7"
+
+
+def _write_key_images(analysis: Analysis, folder: Path, job_id: int) -> list[Path]:
+    """The findings' key images; a failure is logged and costs the pictures, not the results
+    (they are a check for people on the status page, delivered nowhere)."""
+    try:
+        return write_key_images(analysis, folder, _save_bytes)
+    except Exception:
+        log.exception("job %d: key images not written; the status page shows none", job_id)
+        return []
 
 
 def _encode_dicom(dataset: Dataset) -> memoryview:

@@ -31,6 +31,8 @@ CLOSE_UP_PX = 256
 # 0.7 mm pixels), and the finding with half its size again on each side.
 CLOSE_UP_MIN_PX = 64
 KEY_IMAGE_NAME = re.compile(r"key-(\d{1,9})\.png")
+# Labels inside the lungs as segmented (lesions were written over lung voxels).
+_IN_LUNGS = np.isin(np.arange(256), (RIGHT_LUNG, LEFT_LUNG, LESION))
 
 
 def findings(analysis: Analysis) -> tuple[Lesion, ...]:
@@ -78,7 +80,7 @@ def lesion_key_image(analysis: Analysis, lesion: Lesion) -> Image.Image:
     colour = REPORTED if lesion.reported else NOT_REPORTED
     row, col = (float(x) for x in on_slice[:, 1:].mean(axis=0))
     extent = int(np.ptp(on_slice[:, 1:], axis=0).max()) + 1
-    lungs = np.isin(analysis.labels[k], (RIGHT_LUNG, LEFT_LUNG, LESION))
+    lungs = _IN_LUNGS.take(analysis.labels[k])
     whole = _whole_slice(hu, [(lungs, LUNGS), (mask, colour)], (row, col, colour), extent)
     box = _close_up_box(row, col, extent, hu.shape)
     zoom = max(1, CLOSE_UP_PX // (box[2] - box[0]))

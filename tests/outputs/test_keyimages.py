@@ -10,7 +10,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from imaging_ai.outputs.files import _save_bytes
+from imaging_ai.config import Config, StorageConfig
+from imaging_ai.outputs import files
+from imaging_ai.outputs.files import _save_bytes, write_results
 from imaging_ai.outputs.keyimages import (
     FULL_MAX_PX,
     KEY_IMAGE_NAME,
@@ -24,7 +26,8 @@ from imaging_ai.outputs.keyimages import (
 )
 from imaging_ai.postprocess import Lesion
 from imaging_ai.render import outline
-from tests.outputs.conftest import Study
+from tests.outputs.conftest import CREATED, IMPRESSION, Study
+from tests.outputs.scale import large_study
 
 
 def _rgb(data: bytes) -> np.ndarray:
@@ -111,3 +114,29 @@ def test_close_up_stays_on_the_slice_for_a_lesion_at_the_edge(study: Study) -> N
 def test_names_match_what_the_web_serves(number: int) -> None:
     match = KEY_IMAGE_NAME.fullmatch(key_image_name(number))
     assert match is not None and int(match.group(1)) == number
+
+
+def test_write_results_writes_a_key_image_per_finding(tmp_path: Path) -> None:
+    analysis, headers = large_study(slices=40, size=128, lesions=2)
+    config = Config(storage=StorageConfig(data_dir=str(tmp_path)))
+    written = write_results(analysis, [], 7, CREATED, IMPRESSION, config, headers=headers)
+    assert [p.name for p in written.key_images] == ["key-1.png", "key-2.png"]
+    assert all(p.parent == written.folder and p.stat().st_size > 0 for p in written.key_images)
+    assert not list(written.folder.glob("*.tmp"))
+    # Never delivered: no payload names a key image.
+    assert not [p for p in written.payloads if p.path.suffix == ".png"]
+
+
+def test_results_are_written_when_the_key_images_fail(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    def broken(*args: object) -> list[Path]:
+        raise MemoryError("no room for pictures")
+
+    monkeypatch.setattr(files, "write_key_images", broken)
+    analysis, headers = large_study(slices=40, size=128, lesions=1)
+    config = Config(storage=StorageConfig(data_dir=str(tmp_path)))
+    written = write_results(analysis, [], 8, CREATED, IMPRESSION, config, headers=headers)
+    assert written.key_images == ()
+    assert {p.kind for p in written.payloads} >= {"seg", "sr"}
+    assert "job 8: key images not written" in caplog.text
