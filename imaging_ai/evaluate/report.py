@@ -1,6 +1,7 @@
 """Takes the scored cases; gives summary.json, the stdout table, froc.png and per-case PNGs.
 
-Drawn with Pillow (the daemon ships no plotting library). Per case, the worst slices: the
+Drawn with Pillow (the daemon ships no plotting library); the slices with
+:func:`imaging_ai.render.key_image`, as the status page draws them. Per case, the worst slices: the
 reported false positives with the highest scores and every missed lesion (or, when there are
 none, the lesions found), each on the slice through its centre in a lung window, with the
 findings outlined: reference lesions green, hits cyan, false positives red, missed lesions
@@ -22,8 +23,8 @@ from PIL import Image, ImageDraw
 from imaging_ai.evaluate.cases import Case
 from imaging_ai.evaluate.metrics import FROC_RATES, FrocCurve, Outcome
 from imaging_ai.evaluate.run import CaseResult
+from imaging_ai.render import key_image
 
-LUNG_WINDOW = (-600.0, 1500.0)  # centre, width (HU)
 MOST_FALSE_POSITIVES = 3
 MOST_PICTURES = 6
 _GREEN, _CYAN, _RED, _YELLOW, _BLUE = (
@@ -133,12 +134,9 @@ def draw_case(case: Case, lungs: NDArray[np.uint8], result: CaseResult, folder: 
     folder.mkdir(parents=True, exist_ok=True)
     paths = []
     for n, (caption, centre) in enumerate(worst_findings(result), start=1):
-        k = int(
-            np.clip(
-                round(float(case.volume.lps_to_index(centre)[2])), 0, case.volume.hu.shape[0] - 1
-            )
-        )
-        image = slice_picture(case, lungs, result, k)
+        i, j, k = case.volume.lps_to_index(centre)
+        k = min(max(round(float(k)), 0), case.volume.hu.shape[0] - 1)
+        image = slice_picture(case, lungs, result, k, (float(j), float(i)))
         ImageDraw.Draw(image).text((6, 6), f"{case.name} slice {k}: {caption}", fill=_YELLOW)
         path = folder / f"{n:02d}-{caption.split(',')[0].replace(' ', '-')}.png"
         image.save(path)
@@ -146,37 +144,30 @@ def draw_case(case: Case, lungs: NDArray[np.uint8], result: CaseResult, folder: 
     return paths
 
 
-def slice_picture(case: Case, lungs: NDArray[np.uint8], result: CaseResult, k: int) -> Image.Image:
-    """Slice ``k`` in a lung window with the lungs, references and detections outlined."""
-    centre, width = LUNG_WINDOW
-    grey = np.clip((case.volume.hu[k] - (centre - width / 2)) / width * 255, 0, 255)
-    rgb = np.repeat(grey.astype(np.uint8)[..., None], 3, axis=2)
-    for value in (1, 2):
-        _outline(rgb, lungs[k] == value, _BLUE)
+def slice_picture(
+    case: Case,
+    lungs: NDArray[np.uint8],
+    result: CaseResult,
+    k: int,
+    at: tuple[float, float],
+) -> Image.Image:
+    """Slice ``k`` in a lung window with the lungs, references and detections outlined and a
+    circle round ``at`` (row, column), the finding pictured."""
+    overlays = [(lungs[k] == value, _BLUE) for value in (1, 2)]
     op = result.at_operating_point
     for lesion, by in zip(result.relevant, op.found_by, strict=True):
-        _outline(rgb, _on_slice(lesion.voxels, k, rgb.shape), _GREEN if by is not None else _YELLOW)
-    for i, d in enumerate(result.detections):
+        colour = _GREEN if by is not None else _YELLOW
+        overlays.append((_on_slice(lesion.voxels, k, lungs.shape[1:]), colour))
+    for n, d in enumerate(result.detections):
         if d.reported:
-            colour = _RED if op.outcomes[i] is Outcome.FALSE_POSITIVE else _CYAN
-            _outline(rgb, _on_slice(d.voxels, k, rgb.shape), colour)
-    return Image.fromarray(rgb)
+            colour = _RED if op.outcomes[n] is Outcome.FALSE_POSITIVE else _CYAN
+            overlays.append((_on_slice(d.voxels, k, lungs.shape[1:]), colour))
+    picture = key_image(case.volume.hu[k], overlays, markers=[(*at, _YELLOW)], marker_radius=16)
+    return picture.convert("RGB")
 
 
 def _on_slice(voxels: NDArray[np.intp], k: int, shape: tuple[int, ...]) -> NDArray[np.bool_]:
-    mask = np.zeros(shape[:2], bool)
+    mask = np.zeros(shape, bool)
     here = voxels[voxels[:, 0] == k]
     mask[here[:, 1], here[:, 2]] = True
     return mask
-
-
-def _outline(rgb: NDArray[np.uint8], mask: NDArray[np.bool_], colour: tuple[int, int, int]) -> None:
-    """Paint the mask's edge pixels (those with a 4-neighbour outside it)."""
-    if not mask.any():
-        return
-    inner = mask.copy()
-    inner[1:, :] &= mask[:-1, :]
-    inner[:-1, :] &= mask[1:, :]
-    inner[:, 1:] &= mask[:, :-1]
-    inner[:, :-1] &= mask[:, 1:]
-    rgb[mask & ~inner] = colour
