@@ -95,13 +95,18 @@ class Pdv:
     data: memoryview
 
 
-def _read_into(sock: socket.socket, view: memoryview) -> None:
-    """Fill ``view`` from the socket with as few reads as the kernel allows."""
+def _read_into(sock: socket.socket, view: memoryview, before: int = 0, whole: int = 0) -> None:
+    """Fill ``view`` from the socket with as few reads as the kernel allows.
+
+    ``before`` bytes of the ``whole`` PDU came earlier (for the message only).
+    """
     got, n = 0, len(view)
     while got < n:
         count = sock.recv_into(view[got:], n - got)
         if count == 0:
-            raise ProtocolError(f"connection closed after {got} of {n} bytes of a PDU")
+            raise ProtocolError(
+                f"connection closed after {before + got} of {whole or n} bytes of a PDU"
+            )
         got += count
 
 
@@ -153,7 +158,7 @@ class PduReader:
             grown = bytearray(min(length, max(2 * got, _FIRST_BUFFER)))
             grown[:got] = buffer[:got]
             buffer = grown
-            _read_into(self.sock, memoryview(buffer)[got:])
+            _read_into(self.sock, memoryview(buffer)[got:], got, length)
             got = len(buffer)
         self._buffer = buffer
 
