@@ -50,6 +50,10 @@ SHORT_AXIS = CodedConcept("103340004", "SCT", "Short axis")
 VOLUME = CodedConcept("118565006", "SCT", "Volume")
 ATTENUATION = CodedConcept("112031", "DCM", "Attenuation Coefficient")
 MEAN = CodedConcept("373098007", "SCT", "Mean")
+# The candidate classifier's probability that a lesion is a nodule. PS3.16 defines 111012 as
+# "the likelihood that the finding detected is in fact the type of finding identified" (the
+# CAD templates' term); 111047 "Probability of cancer" would claim malignancy, which it is not.
+CERTAINTY_OF_FINDING = CodedConcept("111012", "DCM", "Certainty of Finding")
 SIDE_SITES = {"right": RIGHT_LUNG, "left": LEFT_LUNG, "": LUNG}
 
 
@@ -71,6 +75,8 @@ MM = Unit("mm", "millimeter", "mm")
 # UCUM accepts both; DICOM's unit tables write "ml", HL7/FHIR usage prefers "mL".
 ML = Unit("mL", "milliliter", "ml")
 HU = Unit("[hnsf'U]", "Hounsfield unit", "[hnsf'U]")
+# UCUM's unity: a probability as a fraction from 0 to 1 (DICOM CID 7181 names it "no units").
+UNITY = Unit("1", "no units", "1")
 
 
 @dataclass(frozen=True)
@@ -107,6 +113,8 @@ class Finding:
     tracking_uid: str
     quantities: tuple[Quantity, ...]
     lesion: Lesion | None = field(default=None, compare=False)
+    # Certainty of Finding: the classifier's probability (lesions, where a classifier ran).
+    probability: Quantity | None = None
 
 
 @dataclass(frozen=True)
@@ -198,6 +206,14 @@ class Report:
     algorithm: Algorithm
     uids: OutputUids
     created: datetime
+    # What the input allows, in words (thick or sparse slices); empty when nothing limits it.
+    caveats: tuple[str, ...] = ()
+
+    @property
+    def conclusion(self) -> str:
+        """The impression, followed by any caveat it does not already say."""
+        missing = [c for c in self.caveats if c not in self.impression]
+        return " ".join([self.impression, *missing]) if missing else self.impression
 
 
 @dataclass(frozen=True)
@@ -318,6 +334,13 @@ def lesion_quantities(lesion: Lesion) -> tuple[Quantity, ...]:
     )
 
 
+def lesion_probability(lesion: Lesion) -> Quantity | None:
+    """The classifier's probability as a Certainty of Finding from 0 to 1; None if none ran."""
+    if lesion.probability is None:
+        return None
+    return Quantity(CERTAINTY_OF_FINDING, lesion.probability, UNITY, 3)
+
+
 def findings(analysis: Analysis, uids: OutputUids) -> tuple[Finding, ...]:
     """Each lesion (largest first), then each lung with its volume, with tracking UIDs."""
     lesions = tuple(_lesion_finding(lesion, uids) for lesion in analysis.lesions)
@@ -339,6 +362,7 @@ def _lesion_finding(lesion: Lesion, uids: OutputUids) -> Finding:
         tracking_uid=uids.tracking_uid(key),
         quantities=lesion_quantities(lesion),
         lesion=lesion,
+        probability=lesion_probability(lesion),
     )
 
 
@@ -368,7 +392,7 @@ def build_report(
     Parameters
     ----------
     analysis
-        What the models found.
+        What the models found, and the input's caveats.
     source_datasets
         Headers of the source series; patient and study attributes come from the first.
     algorithm
@@ -390,6 +414,7 @@ def build_report(
         algorithm=algorithm,
         uids=uids,
         created=created or datetime.now(UTC),
+        caveats=tuple(analysis.caveats),
     )
 
 

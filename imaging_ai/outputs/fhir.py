@@ -1,10 +1,12 @@
 """Takes a Report; gives a FHIR R4 Bundle (collection) with the DiagnosticReport RIS can pull.
 
 Entries: the Patient, one Device per model, the ImagingStudy (with the SEG and SR series), the
-DiagnosticReport (status preliminary, accession and SR UID as identifiers, the impression as
-conclusion) and its results: one Observation per finding (a lesion or a lung: code, body site,
-tracking UID) whose members are one Observation per measurement (valueQuantity in UCUM). That
-grouping follows how DICOM SR measurement groups map to FHIR. Every report and observation
+DiagnosticReport (status preliminary, accession and SR UID as identifiers, the impression and
+any caveat on the input as conclusion) and its results: one Observation per finding (a lesion
+or a lung: code, body site, tracking UID; a lesion a classifier judged has its probability as a
+component, (111012, DCM, "Certainty of Finding") in UCUM "1" from 0 to 1) whose members are one
+Observation per measurement (valueQuantity in UCUM). That grouping follows how DICOM SR
+measurement groups map to FHIR. Every report and observation
 carries the security label AIAST ("Artificial Intelligence asserted"). Resource ids are UUIDs
 derived from the job's UIDs, so a rebuilt bundle is the same bundle.
 """
@@ -209,7 +211,7 @@ def _diagnostic_report(ctx: _Context, results: list[Json]) -> Json:
         "code": _concept(CT_CHEST),
         "imagingStudy": [ctx.ref("imaging-study")],
         "result": [{"reference": f"urn:uuid:{r['id']}"} for r in results],
-        "conclusion": report.impression,
+        "conclusion": report.conclusion,
     }
     return _compact(resource)
 
@@ -229,17 +231,25 @@ def _finding_entries(ctx: _Context, finding: Finding) -> list[Json]:
         "device": device,
         "derivedFrom": [ctx.ref("imaging-study")],
         "hasMember": [{"reference": f"urn:uuid:{m['id']}"} for m in members],
+        "component": [_component(finding.probability)] if finding.probability is not None else [],
     }
     return [_compact(group), *members]
 
 
-def _measurement(ctx: _Context, finding: Finding, q: Quantity, device: Json, site: Json) -> Json:
-    value = {
+def _component(q: Quantity) -> Json:
+    return {"code": {**_concept(q.name), "text": q.label}, "valueQuantity": _quantity(q)}
+
+
+def _quantity(q: Quantity) -> Json:
+    return {
         "value": round(q.value, q.digits),
         "unit": q.unit.code,
         "system": SYSTEMS["UCUM"],
         "code": q.unit.code,
     }
+
+
+def _measurement(ctx: _Context, finding: Finding, q: Quantity, device: Json, site: Json) -> Json:
     return _compact(
         {
             "resourceType": "Observation",
@@ -249,7 +259,7 @@ def _measurement(ctx: _Context, finding: Finding, q: Quantity, device: Json, sit
             "bodySite": site,
             "device": device,
             "method": _concept(q.derivation) if q.derivation else None,
-            "valueQuantity": value,
+            "valueQuantity": _quantity(q),
         }
     )
 

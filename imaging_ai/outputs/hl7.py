@@ -1,10 +1,12 @@
 """Takes a Report; gives an HL7 v2.5.1 ORU^R01 message (ER7 text, segments ended by CR) for RIS.
 
 Layout: MSH, PID, ORC, OBR (accession as placer and filler order number, result status P),
-an NTE saying the result is AI-generated and unverified, then OBX: the impression (FT), the
-Study Instance UID, and per finding a group of OBX sharing a sub-ID ("nodule-1", "right-lung"):
-the finding, its site, its tracking UID and its measurements (NM, UCUM units). Every OBX has
-result status P, observation method "Artificial Intelligence" and the model in OBX-18.
+an NTE saying the result is AI-generated and unverified, one NTE per caveat on the input (thick
+or sparse slices), then OBX: the impression (FT), the Study Instance UID, and per finding a
+group of OBX sharing a sub-ID ("nodule-1", "right-lung"): the finding, its site, its tracking
+UID, its measurements (NM, UCUM units) and, for a lesion a classifier judged, its probability
+(NM, 111012 "Certainty of Finding", unit "1"). Every OBX has result status P, observation
+method "Artificial Intelligence" and the model in OBX-18.
 
 The message is built with hl7apy as elements of the v2.5.1 ORU_R01 structure (groups,
 segments, fields, components) holding hl7apy datatypes, which escape the delimiters; hl7apy
@@ -134,8 +136,9 @@ def build_oru(
     accession = report.study.accession
     set_fields(order.add_segment("ORC"), {1: "RE", 2: accession, 3: accession})
     _obr(order.add_segment("OBR"), report)
-    note = f"{AI_STATEMENT} Made by {report.algorithm.summary}."
-    set_fields(order.add_segment("NTE"), {1: "1", 2: "L", 3: note})
+    notes = [f"{AI_STATEMENT} Made by {report.algorithm.summary}.", *report.caveats]
+    for n, note in enumerate(notes, start=1):  # source L: the filler (this daemon)
+        set_fields(order.add_segment("NTE"), {1: str(n), 2: "L", 3: note})
     for n, obx in enumerate(_observations(report), start=1):
         _obx(order.add_group("ORU_R01_OBSERVATION").add_segment("OBX"), n, obx, report)
     message.validate()  # raises on anything that breaks the v2.5.1 structure
@@ -288,6 +291,10 @@ def _finding(finding: Finding, report: Report) -> Iterator[_Obx]:
     for q in finding.quantities:
         method = (q.derivation,) if q.derivation else ()
         yield _Obx("NM", q.name, q.text, sub, q.unit, method, model)
+    if finding.probability is not None:  # the candidate classifier's, where it is named apart
+        p = finding.probability
+        judge = report.algorithm.candidates or model
+        yield _Obx("NM", p.name, p.text, sub, p.unit, (), judge)
 
 
 def _obx(obx: Segment, set_id: int, o: _Obx, report: Report) -> None:

@@ -2,9 +2,11 @@
 
 One TID 1411 volumetric ROI group per lesion and per lung, each pointing at its SEG segment
 (and through it at the source images), with the tracking identifier and UID the SEG uses,
-the finding and its site, the measurements in UCUM units and the model that made them. The
+the finding and its site, the measurements in UCUM units (a lesion's classifier probability
+as (111012, DCM, "Certainty of Finding"), from 0 to 1) and the model that made them. The
 observer is the device (this daemon). The document is flagged PARTIAL, UNVERIFIED and
-PRELIMINARY, and says in words that it is AI-generated and not verified.
+PRELIMINARY, says in words that it is AI-generated and not verified, and carries each caveat
+on the input (thick or sparse slices) as a Comment.
 """
 
 from __future__ import annotations
@@ -91,7 +93,7 @@ def build_measurement_report(
         procedure_reported=dicom_code(CT_CHEST),
         imaging_measurements=groups,
     )
-    report[0].ContentSequence.append(_statements(algorithm, impression))
+    report[0].ContentSequence.append(_statements(algorithm, impression, analysis.caveats))
     when = (created or datetime.now(UTC)).astimezone()
     seg = segmentation.dataset if isinstance(segmentation, EncodedSegmentation) else segmentation
     evidence = [with_type2(sources[0]), *sources[1:], seg]
@@ -186,17 +188,30 @@ def _group(
         finding_category=dicom_code(finding.category),
         algorithm_id=_algorithm_id(model),
         finding_sites=[hd.sr.FindingSite(dicom_code(finding.site))],
-        measurements=[_measurement(q) for q in finding.quantities],
+        measurements=_measurements(finding, algorithm),
     )
 
 
-def _measurement(quantity: Quantity) -> hd.sr.Measurement:
+def _measurements(finding: Finding, algorithm: Algorithm) -> list[hd.sr.Measurement]:
+    """The finding's measurements, then its probability where a classifier gave one."""
+    measured = [_measurement(q) for q in finding.quantities]
+    if finding.probability is None:
+        return measured
+    # The classifier is not the group's model (TID 4019 of the group): it is named here.
+    judge = _algorithm_id(algorithm.candidates) if algorithm.candidates else None
+    return [*measured, _measurement(finding.probability, judge)]
+
+
+def _measurement(
+    quantity: Quantity, algorithm_id: hd.sr.AlgorithmIdentification | None = None
+) -> hd.sr.Measurement:
     # The group names the algorithm once (TID 4019); repeating it per measurement adds nothing.
     return hd.sr.Measurement(
         name=dicom_code(quantity.name),
         value=quantity.value,
         unit=dicom_code(quantity.unit.concept),
         derivation=dicom_code(quantity.derivation) if quantity.derivation else None,
+        algorithm_id=algorithm_id,
     )
 
 
@@ -229,8 +244,11 @@ def _observation_context(algorithm: Algorithm) -> hd.sr.ObservationContext:
     )
 
 
-def _statements(algorithm: Algorithm, impression: str) -> hd.sr.ContainerContentItem:
-    """TID 1500 Qualitative Evaluations: that this is AI-made and unverified, and the impression."""
+def _statements(
+    algorithm: Algorithm, impression: str, caveats: Sequence[str] = ()
+) -> hd.sr.ContainerContentItem:
+    """TID 1500 Qualitative Evaluations: that this is AI-made and unverified, the impression,
+    and what the input allows (each caveat a Comment)."""
     container = hd.sr.ContainerContentItem(
         name=dicom_code(QUALITATIVE_EVALUATIONS),
         relationship_type=hd.sr.RelationshipTypeValues.CONTAINS,
@@ -250,5 +268,13 @@ def _statements(algorithm: Algorithm, impression: str) -> hd.sr.ContainerContent
                 relationship_type=hd.sr.RelationshipTypeValues.CONTAINS,
             )
         )
+    items.extend(
+        hd.sr.TextContentItem(
+            name=codes.DCM.Comment,
+            value=caveat,
+            relationship_type=hd.sr.RelationshipTypeValues.CONTAINS,
+        )
+        for caveat in caveats
+    )
     container.ContentSequence = hd.sr.ContentSequence(items)
     return container
