@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from imaging_ai.phantom.canvas import Canvas, Part, Planes
 from imaging_ai.phantom.contrast import Enhancement
+from imaging_ai.phantom.diaphragm import Dome
 from imaging_ai.phantom.patient import Patient, rng_for
 from imaging_ai.phantom.sdf import (
     Capsule,
@@ -20,7 +21,6 @@ from imaging_ai.phantom.sdf import (
     loft,
     rotation_z,
 )
-from imaging_ai.phantom.thorax import Dome
 
 
 @dataclass(frozen=True)

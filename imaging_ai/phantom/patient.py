@@ -39,6 +39,8 @@ class Patient:
         Lateral subcutaneous fat thickness.
     muscle : float
         Lateral chest-wall muscle thickness.
+    contrast, dense_contrast, atelectasis : bool
+        As drawn for the study (:func:`drawn_spec`).
     """
 
     seed: int

@@ -10,12 +10,13 @@ from imaging_ai.phantom.abdomen import Abdomen, build_abdomen
 from imaging_ai.phantom.atelectasis import draw_atelectasis
 from imaging_ai.phantom.canvas import Canvas, Painter, Planes
 from imaging_ai.phantom.contrast import Enhancement, Streaks, dense_vein, enhancement
+from imaging_ai.phantom.diaphragm import build_dome
 from imaging_ai.phantom.nodules import NodulePainter
 from imaging_ai.phantom.patient import Patient, rng_for
 from imaging_ai.phantom.sdf import Arr
 from imaging_ai.phantom.skeleton import Spine, build_skeleton
 from imaging_ai.phantom.splat import TreePainter
-from imaging_ai.phantom.thorax import Lungs, Mediastinum, build_dome, build_lungs, build_mediastinum
+from imaging_ai.phantom.thorax import Lungs, Mediastinum, build_lungs, build_mediastinum
 from imaging_ai.phantom.trees import (
     AIRWAY_LUMEN,
     AIRWAY_WALL,

@@ -11,10 +11,10 @@ from imaging_ai.phantom import PhantomSpec
 from imaging_ai.phantom.canvas import Grid
 from imaging_ai.phantom.cli import add_arguments, spec_from_args
 from imaging_ai.phantom.contrast import UNENHANCED, enhancement
+from imaging_ai.phantom.diaphragm import Dome
 from imaging_ai.phantom.patient import draw_patient, drawn_spec
 from imaging_ai.phantom.scanner import Scanner
 from imaging_ai.phantom.structures import BOWEL, DIAPHRAGM, NONE, combine, structure_of
-from imaging_ai.phantom.thorax import Dome
 from imaging_ai.phantom.trees import Tree, lumen
 
 
