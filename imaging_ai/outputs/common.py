@@ -10,7 +10,7 @@ import copy
 import logging
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, date, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -185,15 +185,21 @@ class StudyInfo:
         return parts[0], parts[1], parts[2], parts[3], parts[4]
 
     @property
-    def study_datetime(self) -> datetime | None:
-        """Study date and time in the scanner's local time (naive), or None without a date."""
-        if len(self.study_date) != 8:
+    def study_datetime(self) -> datetime | date | None:
+        """Study date and time in the scanner's local time (naive); the date alone where
+        StudyTime is empty (a source may lack it, or it was emptied as invalid), so that no
+        midnight is claimed; None without a valid date."""
+        try:
+            day = datetime.strptime(self.study_date, "%Y%m%d")
+        except ValueError:
             return None
+        if not self.study_time:
+            return day.date()
         clock = (self.study_time.split(".")[0] + "000000")[:6]
         try:
             return datetime.strptime(self.study_date + clock, "%Y%m%d%H%M%S")
         except ValueError:
-            return None
+            return day.date()
 
 
 @dataclass(frozen=True)

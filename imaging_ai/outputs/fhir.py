@@ -14,7 +14,7 @@ derived from the job's UIDs, so a rebuilt bundle is the same bundle.
 from __future__ import annotations
 
 import uuid
-from datetime import datetime
+from datetime import date, datetime
 from typing import Any, Literal
 
 from imaging_ai.modelcard import CodedConcept
@@ -279,9 +279,14 @@ def _accession(study: StudyInfo) -> Json | None:
     return {"type": {"coding": [{"system": V2_0203, "code": "ACSN"}]}, "value": study.accession}
 
 
-def _datetime(when: datetime | None) -> str | None:
-    """FHIR dateTime; a time needs a zone, and DICOM's local time takes this host's."""
-    return when.astimezone().isoformat() if when else None
+def _datetime(when: datetime | date | None) -> str | None:
+    """FHIR dateTime; a time needs a zone, and DICOM's local time takes this host's; a date
+    alone where only the date is known."""
+    if when is None:
+        return None
+    if not isinstance(when, datetime):
+        return when.isoformat()
+    return when.astimezone().isoformat()
 
 
 def _instant(when: datetime) -> str:

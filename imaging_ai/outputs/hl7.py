@@ -23,7 +23,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import date, datetime
 from typing import Any
 
 from hl7apy import load_library  # type: ignore[import-untyped]
@@ -206,10 +206,13 @@ def _varies(segment: Segment, number: int, value_type: str, value: Value) -> Non
         field.add(component)
 
 
-def _dtm(when: datetime | None) -> str:
-    """HL7 DTM; with the UTC offset where the time has a zone (DICOM times have none)."""
+def _dtm(when: datetime | date | None) -> str:
+    """HL7 DTM; with the UTC offset where the time has a zone (DICOM times have none), the
+    date alone where only the date is known."""
     if when is None:
         return ""
+    if not isinstance(when, datetime):
+        return when.strftime("%Y%m%d")
     return when.strftime("%Y%m%d%H%M%S%z")
 
 

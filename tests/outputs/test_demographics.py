@@ -104,13 +104,18 @@ def test_bad_demographics_reach_every_output_emptied(
         assert dataset.PatientBirthDate == "" and dataset.StudyTime == ""
         assert dataset.PatientID == study.headers[0].PatientID  # the rest is kept
     oru = parse_message(results.messages[0].data.decode().replace("\n", "\r"))
-    pid = oru.ORU_R01_PATIENT_RESULT.ORU_R01_PATIENT.PID
-    assert pid.PID_7.to_er7() == ""
+    result = oru.ORU_R01_PATIENT_RESULT
+    assert result.ORU_R01_PATIENT.PID.PID_7.to_er7() == ""
+    # Without a time, the scan is dated, not put at midnight.
+    study_date = str(study.headers[0].StudyDate)
+    assert result.ORU_R01_ORDER_OBSERVATION.OBR.OBR_7.to_er7() == study_date
     bundle = json.loads(results.fhir)
-    [patient] = [
-        e["resource"] for e in bundle["entry"] if e["resource"]["resourceType"] == "Patient"
-    ]
+    entries = [e["resource"] for e in bundle["entry"]]
+    [patient] = [r for r in entries if r["resourceType"] == "Patient"]
     assert "birthDate" not in patient
+    [diagnostic] = [r for r in entries if r["resourceType"] == "DiagnosticReport"]
+    iso = f"{study_date[:4]}-{study_date[4:6]}-{study_date[6:]}"
+    assert diagnostic["effectiveDateTime"] == iso
     assert [str(issue) for issue in fhirkit.validate(bundle)] == []
 
 
