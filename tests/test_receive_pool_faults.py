@@ -31,6 +31,7 @@ from imaging_ai.db.session import make_engine, session_factory, upgrade
 from imaging_ai.pipeline import Daemon
 from imaging_ai.receive_pool import ReceiverPool
 from imaging_ai.supervise import Backoff, ChildState
+from imaging_ai.systemd import NotifySettings, Watchdog
 from imaging_ai.web.app import WebContext, create_app
 from imaging_ai.web.auth import TokenStore
 from imaging_ai.web.live import live_panels
@@ -114,6 +115,35 @@ def _client(view: Any) -> TestClient:
         config=view.config,
     )
     return TestClient(create_app(ctx))
+
+
+class _Pings:
+    """The systemd watchdog fed by the daemon's health check, on a socket of the test's own."""
+
+    def __init__(self, view: Any, path: Path) -> None:
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self.sock.bind(str(path))
+        self.view = view
+        view.assembler = view.processor = SimpleNamespace(alive=lambda: True)
+        settings = NotifySettings(str(path), watchdog_s=0.1)
+        self.watchdog = Watchdog(settings, lambda: Daemon.health(view))
+        self.watchdog.ready()
+
+    def count(self, seconds: float) -> int:
+        """WATCHDOG=1 datagrams received within ``seconds``."""
+        deadline, pings = time.monotonic() + seconds, 0
+        while (left := deadline - time.monotonic()) > 0:
+            self.sock.settimeout(left)
+            try:
+                pings += self.sock.recv(4096) == b"WATCHDOG=1"
+            except TimeoutError:
+                break
+        return pings
+
+    def stop(self) -> None:
+        self.watchdog.stopping()
+        self.view.processor = None
+        self.sock.close()
 
 
 def _metric(text: str, name: str) -> float:
@@ -226,16 +256,24 @@ def _send_study(port: int, tmp_path: Path, slices: int) -> None:
 
 
 def test_readyz_is_503_while_no_receiver_is_alive(
-    slow_restart_pool: ReceiverPool, config: Config, caplog: pytest.LogCaptureFixture
+    slow_restart_pool: ReceiverPool,
+    config: Config,
+    caplog: pytest.LogCaptureFixture,
+    tmp_path: Path,
 ) -> None:
     pool = slow_restart_pool
     view = _daemon_view(pool, config)
     client = _client(view)
     assert client.get("/readyz").status_code == 200
+    pings = _Pings(view, tmp_path / "notify.sock")
+    assert pings.count(0.5) >= 2
     os.kill(_receiver_pid(pool), signal.SIGKILL)
     wait_until(lambda: pool.alive() == 0)
     response = client.get("/readyz")
     assert response.status_code == 503
+    pings.count(0.3)  # one may have been on its way
+    assert pings.count(0.6) == 0  # systemd's watchdog is no longer fed
+    pings.stop()
     assert response.json()["checks"]["receivers"] == "no DICOM receiver process running"
     (row,) = pool.processes()
     assert row.state is ChildState.RESTARTING and row.restart_in_s is not None
@@ -244,7 +282,7 @@ def test_readyz_is_503_while_no_receiver_is_alive(
         with socket.create_connection(("127.0.0.1", pool.port)) as sock:
             sock.settimeout(5)
             assert _closed_within(sock, 5.0)
-    assert sum("no DICOM receiver process" in r.getMessage() for r in caplog.records) == 1
+    assert sum("handing connections" in r.getMessage() for r in caplog.records) == 1
     metrics = client.get("/metrics").text
     assert _metric(metrics, "imaging_ai_dicom_accepting") == 0
 
