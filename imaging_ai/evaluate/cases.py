@@ -8,6 +8,9 @@ A case is a sub-folder holding the image as a DICOM series folder ``image/`` or 
   ``lesions.xml`` (LIDC reader XML), or an RTSTRUCT / DICOM SEG file;
 - ``case.toml``: ``lesion_file`` (the RTSTRUCT or SEG, relative to the case) and
   ``lesion_roi`` (the ROI / segment name, or a list of names: each one lesion).
+
+A case without a lesion reference is scored as a scan without lesions: every finding reported
+on it is a false positive. Without ``lungs.nii.gz`` its Dice is left out.
 """
 
 from __future__ import annotations

@@ -229,5 +229,5 @@ def froc_curve(
     fps_so_far = np.cumsum(1.0 - is_hit)[last]
     return FrocCurve(
         fps=np.r_[0.0, fps_so_far / max(scans, 1)],
-        sensitivity=np.r_[0.0, hits_so_far / lesions_total if lesions_total else 0.0 * last],
+        sensitivity=np.r_[0.0, hits_so_far / max(lesions_total, 1)],
     )

@@ -83,7 +83,6 @@ class CaseResult:
     detections: tuple[Detection, ...]
     at_operating_point: Match  # the reported detections against the lesions
     all_candidates: Match  # every detection against the lesions (for the FROC)
-    has_lesion_reference: bool
 
     @property
     def reported(self) -> list[Detection]:
@@ -127,7 +126,6 @@ def score_case(case: Case, analysis: Analysis, seconds: float) -> CaseResult:
         detections=detections,
         at_operating_point=match_reported(detections, lesions, case.volume),
         all_candidates=match(detections, lesions, case.volume),
-        has_lesion_reference=case.lesions is not None,
     )
 
 
