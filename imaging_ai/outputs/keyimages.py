@@ -12,14 +12,18 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 from numpy.typing import NDArray
 from PIL import Image
 
-from imaging_ai.analyse import Analysis
 from imaging_ai.postprocess import LEFT_LUNG, LESION, RIGHT_LUNG, Lesion
 from imaging_ai.render import Colour, key_image, png_bytes, side_by_side
+
+if TYPE_CHECKING:
+    # Only a type here: the web app names key images without loading the analysis' stack.
+    from imaging_ai.analyse import Analysis
 
 REPORTED: Colour = (255, 214, 0)
 NOT_REPORTED: Colour = (64, 160, 255)
@@ -30,7 +34,8 @@ CLOSE_UP_PX = 256
 # The enlarged part shows at least this many slice pixels around the finding (about 45 mm at
 # 0.7 mm pixels), and the finding with half its size again on each side.
 CLOSE_UP_MIN_PX = 64
-KEY_IMAGE_NAME = re.compile(r"key-(\d{1,9})\.png")
+# What a key image is called: nothing else is ever served from a result folder.
+KEY_IMAGE_NAME = re.compile(r"key-([0-9]{1,9})\.png")
 # Labels inside the lungs as segmented (lesions were written over lung voxels).
 _IN_LUNGS = np.isin(np.arange(256), (RIGHT_LUNG, LEFT_LUNG, LESION))
 

@@ -8,6 +8,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 from markupsafe import Markup
@@ -22,6 +23,7 @@ from imaging_ai.db.session import utcnow
 from imaging_ai.web import status
 from imaging_ai.web.actions import ACTIONS
 from imaging_ai.web.charts import buckets, quantile, turnaround_chart
+from imaging_ai.web.findings import study_findings
 from imaging_ai.web.live import live_panels
 from imaging_ai.web.pages import Pages
 
@@ -115,13 +117,16 @@ class AdminPages:
         )
 
     def study(self, request: Request) -> Response:
-        """One study: state, stage times, deliveries, its audit trail; audited."""
+        """One study: state, stage times, findings with their key images, deliveries, its
+        audit trail; audited."""
         admin = self.pages.admin(request)
         uid = request.path_params["study_uid"]
+        data_dir = Path(self.pages.ctx.config.storage.data_dir)
         with self.pages.ctx.sessions() as s:
             hit = status.study(s, uid, utcnow())
             if hit is None:
                 raise HTTPException(404, f"no study with Study Instance UID {uid}")
+            findings = study_findings(s, uid, data_dir)
             deliveries = status.study_deliveries(s, uid)
             events = status.audit_events(s, AUDIT_PAGE, target=uid)
         self.pages.audit(admin.principal.name, "view_study", uid, request)
@@ -130,6 +135,7 @@ class AdminPages:
             "study.html",
             admin,
             hit=hit,
+            findings=findings,
             deliveries=deliveries,
             events=events,
             can_act=self.pages.ctx.actions is not None,

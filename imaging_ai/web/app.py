@@ -25,6 +25,7 @@ from imaging_ai.web.actions import Actions
 from imaging_ai.web.admin import AdminPages
 from imaging_ai.web.api import RisApi
 from imaging_ai.web.context import AdminActions, WebContext
+from imaging_ai.web.findings import KeyImages
 from imaging_ai.web.headers import SecurityHeaders
 from imaging_ai.web.pages import Pages
 from imaging_ai.web.session import SignInThrottle
@@ -63,6 +64,7 @@ def create_app(ctx: WebContext, throttle: SignInThrottle | None = None) -> Starl
         Route("/", _home),
         *SignIn(pages, throttle).routes(),
         *AdminPages(pages).routes(),
+        *KeyImages(pages).routes(),
         *Actions(pages).routes(),
         Mount("/static", StaticFiles(packages=[("imaging_ai.web", "static")]), name="static"),
     ]

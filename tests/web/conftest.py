@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
 from sqlalchemy import Engine
 from starlette.testclient import TestClient
 
-from imaging_ai.config import Secret, Token
+from imaging_ai.config import Config, Secret, StorageConfig, Token
 from imaging_ai.db.session import session_factory
 from imaging_ai.web.app import WebContext, create_app
 from imaging_ai.web.auth import TokenStore
@@ -48,16 +49,20 @@ def make_app(
     actions: FakeActions | None,
     store: TokenStore | None = None,
     live: Callable[[], dict[str, Any]] = lambda: LIVE,
+    data_dir: Path | None = None,
     **security: Any,
 ) -> Any:
-    """The app over ``engine``, with no sign-in delays unless asked."""
+    """The app over ``engine``, with no sign-in delays unless asked; result folders under
+    ``data_dir`` when given."""
     settings = WebSecurity(**{"signin_delay_s": 0.0, **security})
+    config = Config(storage=StorageConfig(data_dir=str(data_dir))) if data_dir else Config()
     ctx = WebContext(
         session_factory(engine),
         store or tokens(),
         lambda: {"database": "ok"},
         live=live,
         actions=actions,
+        config=config,
         security=settings,
     )
     return create_app(ctx, SignInThrottle(settings))

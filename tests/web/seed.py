@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 from sqlalchemy import Engine, select
@@ -84,8 +85,12 @@ class Seeded:
     cancelled_delivery: int = 0
 
 
-def seed(engine: Engine) -> Seeded:
-    """A study in each state, a missed deadline, a failure, deliveries failing, late instances."""
+def seed(engine: Engine, data_dir: Path | None = None) -> Seeded:
+    """A study in each state, a missed deadline, a failure, deliveries failing, late instances.
+
+    With ``data_dir`` the done study's report has four findings (two reported, two not) and
+    a caveat, with their key images in its result folder under ``data_dir``.
+    """
     out = Seeded()
     sessions = sessionmaker(engine, expire_on_commit=False)
     with sessions() as s, s.begin():
@@ -123,7 +128,7 @@ def seed(engine: Engine) -> Seeded:
         )
         out.uids["failed"] = failed.study_instance_uid
         _deliveries(s, out)
-        _report(s, out.uids["done"])
+        _report(s, out.uids["done"], data_dir)
         s.add(ClassControl(priority="inpatient", paused=False, changed_at=utcnow()))
         s.add(
             AuditEvent(
@@ -182,14 +187,22 @@ def _deliveries(s: Session, out: Seeded) -> None:
     out.failing_delivery, out.cancelled_delivery = failing.id, cancelled.id
 
 
-def _report(s: Session, uid: str) -> None:
+def _report(s: Session, uid: str, data_dir: Path | None) -> None:
     study = s.scalars(select(Study).where(Study.study_instance_uid == uid)).one()
     job = _job_of(s, study)
-    s.add(
-        Report(
-            study_id=study.id,
-            job_id=job.id,
-            created_at=job.finished_at or utcnow(),
-            impression="No nodule detected.",
-        )
+    report = Report(
+        study_id=study.id,
+        job_id=job.id,
+        created_at=job.finished_at or utcnow(),
+        impression="No nodule detected.",
     )
+    if data_dir is not None:
+        # Imported here: it loads the analysis' stack, which most web tests do without.
+        from tests.web.findings_seed import write_findings
+
+        report.impression = (
+            "2 lung nodule(s) detected; largest 15.3 mm in the right lung. "
+            "AI-generated preliminary result; requires review by a radiologist."
+        )
+        report.findings = write_findings(data_dir, uid, job.id)
+    s.add(report)

@@ -17,6 +17,7 @@ import pytest
 import uvicorn
 from sqlalchemy import Engine, select, update
 
+from imaging_ai.config import Config, StorageConfig
 from imaging_ai.db.models import AuditEvent, Job, Study
 from imaging_ai.db.session import make_engine, session_factory, upgrade, utcnow
 from imaging_ai.web.app import WebContext, create_app
@@ -62,7 +63,7 @@ def server(tmp_path: Path) -> Iterator[Server]:
     """uvicorn on a free loopback port, in a thread, with the fake daemon."""
     engine = make_engine(f"sqlite:///{tmp_path / 'web.sqlite3'}")
     upgrade(engine)
-    seeded = seed(engine)
+    seeded = seed(engine, tmp_path / "data")
     actions = FakeActions(session_factory(engine))
     settings = WebSecurity(signin_delay_s=0.0)
     ctx = WebContext(
@@ -71,6 +72,7 @@ def server(tmp_path: Path) -> Iterator[Server]:
         lambda: {"database": "ok"},
         live=lambda: LIVE,
         actions=actions,
+        config=Config(storage=StorageConfig(data_dir=str(tmp_path / "data"))),
         security=settings,
         refresh_s=REFRESH_S,
     )
@@ -223,3 +225,28 @@ def test_session_cookie_flags_in_the_browser(browser: Any, server: Server) -> No
         timedelta(hours=8).total_seconds(), abs=60
     )
     assert page.evaluate("document.cookie") == ""  # not readable by scripts
+
+
+def test_study_page_shows_the_findings_key_images_under_the_csp(
+    browser: Any, server: Server, tmp_path: Path
+) -> None:
+    page = new_page(browser)
+    problems: list[str] = []
+    page.on("console", lambda m: problems.append(m.text) if m.type == "error" else None)
+    page.on("requestfailed", lambda r: problems.append(f"failed: {r.url}"))
+    sign_in(page, server)
+    uid = server.seeded.uids["done"]
+    page.goto(f"{server.url}/admin/studies/{uid}")
+    images = page.locator("img.key-image")
+    sync_api.expect(images).to_have_count(4)
+    for i in range(4):
+        images.nth(i).scroll_into_view_if_needed()  # they load lazily
+    page.wait_for_function("[...document.querySelectorAll('img.key-image')].every(i => i.complete)")
+    widths = page.eval_on_selector_all("img.key-image", "els => els.map(e => e.naturalWidth)")
+    assert widths == [516] * 4, widths  # 256 px slice, 4 px gap, 256 px close-up
+    assert not [p for p in problems if "Content Security Policy" in p or "failed" in p], problems
+    sync_api.expect(page.locator("#finding-3")).to_contain_text("not reported")
+    sync_api.expect(page.locator(".caveats")).to_contain_text("5.0 mm thick")
+    page.evaluate("window.scrollTo(0, 0)")
+    shot = screenshot(page, tmp_path, "study.png")
+    assert shot.stat().st_size > 50_000

@@ -24,10 +24,11 @@ def get_routes(client: TestClient) -> list[str]:
 
 
 def fill(path: str, value: str) -> str:
+    """The path with every parameter set to ``value``."""
     out, _, rest = path.partition("{")
     if not rest:
         return path
-    return out + value + rest.partition("}")[2]
+    return out + value + fill(rest.partition("}")[2], value)
 
 
 def test_every_protected_route_refuses_missing_wrong_and_other_role_tokens(
