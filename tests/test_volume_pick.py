@@ -89,6 +89,17 @@ def test_equal_thickness_goes_to_more_slices_then_series_number(tmp_path: Path) 
     assert groups[pick_series(groups)] == same
 
 
+def test_an_enhanced_ct_series_is_measured_by_its_frames(tmp_path: Path) -> None:
+    # 20 frames every 2.5 mm (47.5 mm, no SliceThickness) against 24 slices 5 mm thick every
+    # 2 mm (46 mm): the multi-frame file's extent comes from its per-frame positions.
+    (tmp_path / "enhanced").mkdir()
+    enhanced = tmp_path / "enhanced" / "ct.dcm"
+    write_enhanced(enhanced)
+    thick = series(tmp_path / "thick", slices=24, step_mm=2.0, thickness_mm=5.0)
+    groups = group_series([*thick, enhanced])
+    assert groups[pick_series(groups)] == [enhanced]
+
+
 def test_volume_carries_slice_thickness(tmp_path: Path) -> None:
     paths = series(tmp_path / "s", slices=5, step_mm=5.0, thickness_mm=5.0)
     assert load_series(paths).slice_thickness_mm == pytest.approx(5.0)
