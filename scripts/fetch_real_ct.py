@@ -124,7 +124,10 @@ def fetch(package: Package, cache: Path) -> Path:
 
 
 # What pip prints when it cannot talk to the index at all (as opposed to a missing release).
+# With its retries used up pip says only that it found no versions: these packages have many
+# releases on the registry, so "none" means it was not reached.
 _UNREACHABLE = (
+    "(from versions: none)",
     "NewConnectionError",
     "Failed to establish a new connection",
     "Temporary failure in name resolution",

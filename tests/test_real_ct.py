@@ -92,3 +92,21 @@ def test_lidc_right_lung_dice(lidc: CaseResult) -> None:
 
 def test_lidc_left_lung_dice(lidc: CaseResult) -> None:
     assert lidc.dice_left is not None and lidc.dice_left >= MIN_LUNG_DICE
+
+
+def test_fetch_tells_an_unreachable_registry_apart(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # pip pointed at a closed local port, with no other index, link or config to fall back on.
+    for name, value in {
+        "PIP_CONFIG_FILE": "/dev/null",
+        "PIP_INDEX_URL": "http://127.0.0.1:9/simple",
+        "PIP_EXTRA_INDEX_URL": "",
+        "PIP_FIND_LINKS": "",
+        "PIP_RETRIES": "0",
+    }.items():
+        monkeypatch.setenv(name, value)
+    script = fetch_script()
+    with pytest.raises(script.RegistryUnreachable, match=r"pycerr==2\.5\.1"):
+        script.fetch(script.PYCERR, tmp_path / "cache")
+    assert not list((tmp_path / "cache").iterdir())
