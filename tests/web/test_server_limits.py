@@ -9,6 +9,7 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import ExitStack
+from pathlib import Path
 
 import pytest
 import uvicorn
@@ -18,7 +19,8 @@ from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Route
 
 from imaging_ai.bench.harness import free_port
-from imaging_ai.config import HttpConfig
+from imaging_ai.config import HttpConfig, load_config
+from imaging_ai.errors import ConfigError
 from imaging_ai.web.server import server_config
 
 REQUEST = b"GET /ping HTTP/1.1\r\nHost: x\r\n\r\n"
@@ -126,3 +128,25 @@ def test_past_twice_the_limit_a_connection_is_closed_unread(server: uvicorn.Serv
         time.sleep(0.2)
         extra = stack.enter_context(_connect(server))
         assert _closed_after(extra) < 0.8  # at once, not after the 1 s header timeout
+
+
+@pytest.mark.parametrize(
+    ("setting", "message"),
+    [
+        ("limit_concurrency = 0", "http.limit_concurrency must be >= 1, got 0"),
+        ("header_timeout_s = 0", "http.header_timeout_s must be > 0, got 0"),
+    ],
+)
+def test_the_limits_are_validated_at_start(tmp_path: Path, setting: str, message: str) -> None:
+    path = tmp_path / "daemon.toml"
+    path.write_text(f"[http]\n{setting}\n")
+    with pytest.raises(ConfigError, match=message):
+        load_config(path, environ={})
+
+
+def test_the_limits_come_from_the_environment_too() -> None:
+    env = {"IMAGING_AI_HTTP__LIMIT_CONCURRENCY": "32", "IMAGING_AI_HTTP__HEADER_TIMEOUT_S": "2.5"}
+    http = load_config(None, environ=env).http
+    assert (http.limit_concurrency, http.header_timeout_s) == (32, 2.5)
+    config = server_config(Starlette(), http)
+    assert config.limit_concurrency == 32
