@@ -247,7 +247,6 @@ class _SeriesFacts:
 
 def _facts(uid: str, paths: Sequence[Path]) -> _SeriesFacts:
     ds = _dcmread(paths[0], _SUMMARY_TAGS)
-    image_type = {str(v).upper() for v in ds.get("ImageType", [])}
     thickness = ds.get("SliceThickness")
     if thickness is None and "SharedFunctionalGroupsSequence" in ds:
         shared = ds.SharedFunctionalGroupsSequence[0]
@@ -258,7 +257,7 @@ def _facts(uid: str, paths: Sequence[Path]) -> _SeriesFacts:
         slices=len(paths) * int(ds.get("NumberOfFrames", 1) or 1),
         thickness_mm=_thickness(thickness),
         number=int(ds.get("SeriesNumber", 0) or 0),
-        reformat=bool(image_type & _REFORMATS),
+        reformat=bool(_image_type(ds) & _REFORMATS),
     )
 
 
@@ -291,10 +290,17 @@ def _series_kind(ds: Dataset) -> str:
     modality = str(ds.get("Modality", "?"))
     if modality != "CT" or str(ds.get("SOPClassUID", "")) not in _CT_CLASSES:
         return f"{modality} {ds.get('SOPClassUID', 'no SOP class')}"
-    if "LOCALIZER" in [str(v).upper() for v in ds.get("ImageType", [])]:
+    if "LOCALIZER" in _image_type(ds):
         return "CT localizer"
     normal = np.abs(_normal(ds, "first file"))
     return "axial CT" if int(np.argmax(normal)) == 2 else "non-axial CT"
+
+
+def _image_type(ds: Dataset) -> set[str]:
+    """ImageType's values in capitals; one value (VM 1, as some writers give it) is one."""
+    value = ds.get("ImageType", [])
+    values = [value] if isinstance(value, str) else value
+    return {str(v).upper() for v in values}
 
 
 def _normal(ds: Dataset, where: str) -> NDArray[np.float64]:

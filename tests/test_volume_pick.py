@@ -59,15 +59,13 @@ def test_a_thin_slab_does_not_win_over_the_whole_chest(tmp_path: Path) -> None:
     assert groups[pick_series(groups)] == whole
 
 
-def test_reformats_are_not_suitable(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    "image_type",
+    [("DERIVED", "SECONDARY", "REFORMATTED"), ("MPR",)],  # a single value is read as text
+)
+def test_reformats_are_not_suitable(tmp_path: Path, image_type: tuple[str, ...]) -> None:
     original = series(tmp_path / "orig", slices=30, step_mm=5.0, thickness_mm=5.0)
-    mpr = series(
-        tmp_path / "mpr",
-        slices=150,
-        step_mm=1.0,
-        thickness_mm=1.0,
-        image_type=("DERIVED", "SECONDARY", "REFORMATTED"),
-    )
+    mpr = series(tmp_path / "mpr", slices=150, step_mm=1.0, thickness_mm=1.0, image_type=image_type)
     groups = group_series(original + mpr)
     assert groups[pick_series(groups)] == original
 
