@@ -232,9 +232,19 @@ def test_study_page_shows_the_findings_key_images_under_the_csp(
 ) -> None:
     page = new_page(browser)
     problems: list[str] = []
+    images_seen: list[tuple[int, str]] = []
     page.on("console", lambda m: problems.append(m.text) if m.type == "error" else None)
-    page.on("requestfailed", lambda r: problems.append(f"failed: {r.url}"))
+    page.on("requestfailed", lambda r: problems.append(f"request failed: {r.url}"))
+    page.on(
+        "response",
+        lambda r: (
+            images_seen.append((r.status, r.headers.get("content-type", "")))
+            if "/images/key-" in r.url
+            else None
+        ),
+    )
     sign_in(page, server)
+    problems.clear()  # the status page's polling, cut short by leaving it
     uid = server.seeded.uids["done"]
     page.goto(f"{server.url}/admin/studies/{uid}")
     images = page.locator("img.key-image")
@@ -244,7 +254,8 @@ def test_study_page_shows_the_findings_key_images_under_the_csp(
     page.wait_for_function("[...document.querySelectorAll('img.key-image')].every(i => i.complete)")
     widths = page.eval_on_selector_all("img.key-image", "els => els.map(e => e.naturalWidth)")
     assert widths == [516] * 4, widths  # 256 px slice, 4 px gap, 256 px close-up
-    assert not [p for p in problems if "Content Security Policy" in p or "failed" in p], problems
+    assert images_seen == [(200, "image/png")] * 4
+    assert not [p for p in problems if "Content Security Policy" in p or "/images/" in p], problems
     sync_api.expect(page.locator("#finding-3")).to_contain_text("not reported")
     sync_api.expect(page.locator(".caveats")).to_contain_text("5.0 mm thick")
     page.evaluate("window.scrollTo(0, 0)")
