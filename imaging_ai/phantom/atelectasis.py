@@ -69,6 +69,14 @@ class Atelectasis:
         if z > self.z_top:
             return
         midline, cy, b = section
+        # Only the back of the window can hold it: cut the rows in front away.
+        front = min([cy + self.posterior * b, *(w.bounds[2] for w in self.wedges)])
+        skip = int(np.searchsorted(win.y[:, 0], front))
+        if skip >= win.y.shape[0]:
+            return
+        rows = slice(win.rows.start + skip, win.rows.stop)
+        win = Window(rows, win.cols, win.x, win.y[skip:])
+        depth, lung = depth[skip:], lung[skip:]
         band = np.where(win.x < midline, self.thickness[0], self.thickness[1])
         band = band * min((self.z_top - z) / self.fade, 1.0)
         back = np.clip((win.y - (cy + self.posterior * b)) / (0.35 * b), 0.0, 1.0)

@@ -165,13 +165,14 @@ class CavityFat:
 
     def paint(self, canvas: Canvas, z: float, planes: Planes) -> None:
         """Paint the fat and label it by where it lies in the cavity."""
-        got = canvas.occupancy(self.cavity, z)
-        if got is None:
+        win = canvas.shape_window(self.cavity, z)
+        if win is None:
             return
-        win, alpha = got
+        d = self.cavity.sdf(win.x, win.y, z)
+        alpha = occupancy(d, canvas.grid.spacing)
         canvas.blend(win, alpha, -92.0 + planes.texture(win, 10.0, 8.0))
         cx, _, a, _ = (float(v) for v in self.cavity.section(z))
-        deep = self.cavity.sdf(win.x, win.y, z) < -self.wall_mm
+        deep = d < -self.wall_mm
         middle = np.abs(win.x - cx) < self.central * a
         canvas.mark(win, alpha, CHEST_WALL)
         canvas.mark(win, alpha * (deep & middle), MEDIASTINUM)
