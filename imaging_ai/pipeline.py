@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import logging
 import os
@@ -11,12 +10,9 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import FrameType
 from typing import Any
-
-import uvicorn
 
 from imaging_ai import __version__, faults
 from imaging_ai.assemble import Assembler, routing_tags
@@ -38,7 +34,7 @@ from imaging_ai.spool import Spool
 from imaging_ai.systemd import NotifySettings, Watchdog
 from imaging_ai.web.app import WebContext, create_app, database_ready, tls_options
 from imaging_ai.web.auth import TokenStore
-from imaging_ai.web.server import server_config
+from imaging_ai.web.server import HttpServer, server_config
 
 log = logging.getLogger(__name__)
 
@@ -47,23 +43,6 @@ log = logging.getLogger(__name__)
 SHUTDOWN_S = 45.0
 # Kept back from the study in hand for the steps after it (workers, outbox, database).
 _AFTER_PROCESSING_S = 10.0
-
-
-class _Server(uvicorn.Server):
-    """uvicorn without its own signal handling: the daemon owns the shutdown order."""
-
-    def __init__(self, config: uvicorn.Config, on_started: Callable[[], None]) -> None:
-        super().__init__(config)
-        self.on_started = on_started
-
-    @contextlib.contextmanager
-    def capture_signals(self) -> Iterator[None]:
-        yield
-
-    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
-        await super().startup(sockets)
-        if self.started:
-            self.on_started()
 
 
 class Daemon:
@@ -104,7 +83,7 @@ class Daemon:
         self.outbox = Outbox(
             self.sessions, config, Path(config.storage.data_dir), hl7_sender=_send_hl7
         )
-        self.http: _Server | None = None
+        self.http: HttpServer | None = None
         # Under systemd (Type=notify): READY=1 once serving, watchdog pings while healthy.
         self.watchdog = Watchdog(systemd, self.health) if systemd is not None else None
         self._stopping = threading.Event()
@@ -288,7 +267,7 @@ class Daemon:
             ssl_certfile=tls.get("ssl_certfile"),
             ssl_keyfile=tls.get("ssl_keyfile"),
         )
-        self.http = _Server(uv_config, on_started=self._serving)
+        self.http = HttpServer(uv_config, on_started=self._serving)
         log.info(
             "imaging-ai %s ready: HTTP on %s:%d",
             __version__,

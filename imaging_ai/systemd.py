@@ -40,17 +40,24 @@ class NotifySettings:
         return cls(path, watchdog)
 
 
-def notify(socket_path: str, message: str) -> bool:
-    """Send one sd_notify datagram; False (logged) if it could not be sent."""
+def notify(socket_path: str, message: str, sock: socket.socket | None = None) -> bool:
+    """Send one sd_notify datagram (through ``sock`` if given); False (logged) if it failed."""
     # A leading "@" names a socket in Linux's abstract namespace.
     address = "\0" + socket_path[1:] if socket_path.startswith("@") else socket_path
     try:
-        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC) as sock:
+        if sock is not None:
             sock.sendto(message.encode(), address)
+            return True
+        with _datagram_socket() as own:
+            own.sendto(message.encode(), address)
         return True
     except OSError as exc:
         log.warning("cannot notify systemd at %s: %s", socket_path, exc)
         return False
+
+
+def _datagram_socket() -> socket.socket:
+    return socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC)
 
 
 class Watchdog:
@@ -69,10 +76,12 @@ class Watchdog:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._problem = ""
+        # Opened once: when descriptors run out, the pings must not need a new one.
+        self._sock = _datagram_socket()
 
     def ready(self) -> None:
         """Send READY=1; start pinging at half the watchdog interval if systemd wants pings."""
-        notify(self.settings.socket_path, "READY=1\nSTATUS=serving")
+        self._send("READY=1\nSTATUS=serving")
         if self.settings.watchdog_s is None or self._thread is not None:
             return
         self._thread = threading.Thread(target=self._run, name="systemd-watchdog", daemon=True)
@@ -81,10 +90,11 @@ class Watchdog:
     def stopping(self) -> None:
         """Send STOPPING=1 and stop pinging (a shutdown is not a hang)."""
         self._stop.set()
-        notify(self.settings.socket_path, "STOPPING=1")
         if self._thread is not None:
             self._thread.join()
             self._thread = None
+        self._send("STOPPING=1")
+        self._sock.close()
 
     def _run(self) -> None:
         assert self.settings.watchdog_s is not None
@@ -103,11 +113,14 @@ class Watchdog:
         if problem == "ok":
             if self._problem:
                 log.warning("healthy again: feeding the systemd watchdog")
-                notify(self.settings.socket_path, "STATUS=serving")
+                self._send("STATUS=serving")
             self._problem = ""
-            return notify(self.settings.socket_path, "WATCHDOG=1")
+            return self._send("WATCHDOG=1")
         if problem != self._problem:
             log.error("not feeding the systemd watchdog: %s", problem)
-            notify(self.settings.socket_path, f"STATUS={problem}")
+            self._send(f"STATUS={problem}")
         self._problem = problem
         return False
+
+    def _send(self, message: str) -> bool:
+        return notify(self.settings.socket_path, message, self._sock)

@@ -3,6 +3,7 @@ are alive, on a NOTIFY_SOCKET of the test's own (AF_UNIX datagrams, as systemd l
 
 from __future__ import annotations
 
+import errno
 import os
 import socket
 import threading
@@ -13,6 +14,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from imaging_ai import systemd
 from imaging_ai.pipeline import Daemon
 from imaging_ai.systemd import NotifySettings, Watchdog, notify
 
@@ -116,3 +118,18 @@ def test_a_failing_health_check_stops_the_pings(listener: tuple[socket.socket, s
     assert not watchdog.ping_once()
     assert calls.is_set()
     assert _messages(sock, 0.2) == ["STATUS=health check failed: RuntimeError"]
+
+
+def test_pings_need_no_new_descriptor(
+    listener: tuple[socket.socket, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Out of descriptors (an HTTP flood) while healthy: the pings still go out."""
+    sock, path = listener
+    watchdog = Watchdog(NotifySettings(path, watchdog_s=10.0), lambda: "ok")
+
+    def out_of_descriptors() -> socket.socket:
+        raise OSError(errno.EMFILE, os.strerror(errno.EMFILE))
+
+    monkeypatch.setattr(systemd, "_datagram_socket", out_of_descriptors)
+    assert watchdog.ping_once()
+    assert _messages(sock, 0.2) == ["WATCHDOG=1"]

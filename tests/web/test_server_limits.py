@@ -4,12 +4,16 @@ unread. Real uvicorn on loopback, as the daemon runs it."""
 
 from __future__ import annotations
 
+import asyncio
+import errno
+import os
 import socket
 import threading
 import time
 from collections.abc import Iterator
 from contextlib import ExitStack
 from pathlib import Path
+from typing import Any
 
 import pytest
 import uvicorn
@@ -21,7 +25,7 @@ from starlette.routing import Route
 from imaging_ai.bench.harness import free_port
 from imaging_ai.config import HttpConfig, load_config
 from imaging_ai.errors import ConfigError
-from imaging_ai.web.server import server_config
+from imaging_ai.web.server import _LoopErrors, server_config
 
 REQUEST = b"GET /ping HTTP/1.1\r\nHost: x\r\n\r\n"
 
@@ -150,3 +154,23 @@ def test_the_limits_come_from_the_environment_too() -> None:
     assert (http.limit_concurrency, http.header_timeout_s) == (32, 2.5)
     config = server_config(Starlette(), http)
     assert config.limit_concurrency == 32
+
+
+def test_asyncio_accept_errors_are_logged_once_not_per_attempt(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """asyncio logs a traceback per accept() attempt out of descriptors (100 a second)."""
+    handler = _LoopErrors()
+    loop = asyncio.new_event_loop()
+    others: list[dict[str, Any]] = []
+    loop.default_exception_handler = others.append  # type: ignore[method-assign]
+    error = OSError(errno.EMFILE, os.strerror(errno.EMFILE))
+    try:
+        for _ in range(1000):
+            handler(loop, {"message": "socket.accept() out of system resource", "exception": error})
+        handler(loop, {"message": "something else"})
+    finally:
+        loop.close()
+    lines = [r.getMessage() for r in caplog.records if "accept() failing" in r.getMessage()]
+    assert len(lines) == 1 and "Too many open files" in lines[0]
+    assert others == [{"message": "something else"}]
