@@ -34,6 +34,10 @@ CLOSE_UP_PX = 256
 # The enlarged part shows at least this many slice pixels around the finding (about 45 mm at
 # 0.7 mm pixels), and the finding with half its size again on each side.
 CLOSE_UP_MIN_PX = 64
+# Candidates that were not reported get key images up to this many, the most probable first:
+# on real scans the detector proposes dozens, and each image costs about 8 ms of CPU on the
+# results' write path. Every reported finding gets one.
+MAX_NOT_REPORTED = 12
 # What a key image is called: nothing else is ever served from a result folder.
 KEY_IMAGE_NAME = re.compile(r"key-([0-9]{1,9})\.png")
 # Labels inside the lungs as segmented (lesions were written over lung voxels).
@@ -44,6 +48,18 @@ def findings(analysis: Analysis) -> tuple[Lesion, ...]:
     """What the status page lists: every candidate, or the reported lesions where the
     analysis had no candidate stage."""
     return analysis.candidates or analysis.lesions
+
+
+def drawn(analysis: Analysis) -> tuple[Lesion, ...]:
+    """The findings that get a key image: every reported one, then the ``MAX_NOT_REPORTED``
+    most probable of the others (all of them where no classifier gave probabilities)."""
+    listed = findings(analysis)
+    others = sorted(
+        (x for x in listed if not x.reported),
+        key=lambda x: -(x.probability or 0.0),
+    )[:MAX_NOT_REPORTED]
+    keep = {id(x) for x in others}
+    return tuple(x for x in listed if x.reported or id(x) in keep)
 
 
 def key_image_name(number: int) -> str:
@@ -94,10 +110,10 @@ def lesion_key_image(analysis: Analysis, lesion: Lesion) -> Image.Image:
 
 
 def render_key_images(analysis: Analysis) -> list[tuple[str, bytes]]:
-    """``(file name, PNG)`` for every finding that has voxels."""
+    """``(file name, PNG)`` for each finding of :func:`drawn` that has voxels."""
     return [
         (key_image_name(lesion.number), png_bytes(lesion_key_image(analysis, lesion)))
-        for lesion in findings(analysis)
+        for lesion in drawn(analysis)
         if len(lesion.voxel_index)
     ]
 

@@ -16,6 +16,7 @@ from imaging_ai.outputs.files import _save_bytes, write_results
 from imaging_ai.outputs.keyimages import (
     FULL_MAX_PX,
     KEY_IMAGE_NAME,
+    MAX_NOT_REPORTED,
     NOT_REPORTED,
     REPORTED,
     centre_slice,
@@ -78,6 +79,18 @@ def test_candidates_not_reported_are_blue_and_listed(study: Study, tmp_path: Pat
     shape = analysis.volume.hu.shape[1:]
     assert blue[: shape[0], : shape[1]][outline(_mask(b, k, shape))].all()
     assert not (_rgb(paths[1].read_bytes()) == REPORTED).all(axis=2).any()
+
+
+def test_only_the_most_probable_unreported_candidates_get_key_images(
+    study: Study, tmp_path: Path
+) -> None:
+    a, b = study.analysis.lesions
+    unreported = [replace(b, number=n, reported=False, probability=n / 100) for n in range(3, 23)]
+    reported = replace(a, number=2, probability=0.01)  # reported whatever its probability
+    analysis = replace(study.analysis, candidates=(reported, *unreported))
+    paths = write_key_images(analysis, tmp_path, _save_bytes)
+    numbers = [int(KEY_IMAGE_NAME.fullmatch(p.name).group(1)) for p in paths]
+    assert numbers == [2, *range(23 - MAX_NOT_REPORTED, 23)]
 
 
 def test_without_candidates_the_lesions_are_the_findings(study: Study) -> None:

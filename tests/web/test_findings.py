@@ -177,3 +177,24 @@ def test_lesions_are_listed_where_no_candidate_stage_ran(
 def test_a_study_without_a_report_says_so(viewer: TestClient, with_findings: Seeded) -> None:
     html = _study_page(viewer, with_findings.uids["failed"])
     assert "No report yet." in html and not _figures(html)
+
+
+def test_many_candidates_not_reported_are_folded_away(
+    viewer: TestClient, with_findings: Seeded, engine: Engine
+) -> None:
+    uid = with_findings.uids["done"]
+    html = _study_page(viewer, uid)
+    assert '<details class="not-reported-list" open>' in html  # two: shown at once
+    with session_factory(engine)() as s, s.begin():
+        report = s.scalars(
+            select(Report)
+            .join(Study, Study.id == Report.study_id)
+            .where(Study.study_instance_uid == uid)
+        ).one()
+        candidates = report.findings["candidates"]
+        extra = [{**candidates[3], "number": n, "probability": 0.05} for n in range(5, 11)]
+        report.findings = {**report.findings, "candidates": [*candidates, *extra]}
+    html = _study_page(viewer, uid)
+    assert '<details class="not-reported-list">' in html
+    assert "Candidates not reported (8)" in html and len(_figures(html)) == 10
+    assert html.count("No key image for this finding.") == 6  # none drawn for 5-10
