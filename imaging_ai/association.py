@@ -55,7 +55,11 @@ class Acceptor(Protocol):
     contexts: list[PresentationContext]
 
     def admit(self, peer: Peer) -> tuple[int, int, int] | None:
-        """None to accept, else the A-ASSOCIATE-RJ (result, source, diagnostic)."""
+        """None to accept, else the A-ASSOCIATE-RJ (result, source, diagnostic).
+
+        An accepted association holds one of the acceptor's places until it ends
+        (``Association.admitted`` says whether it did).
+        """
 
     def begin_store(self, command: dul.Command, syntax: str, peer: Peer) -> Incoming:
         """A C-STORE request announced a data set: where its fragments go."""

@@ -243,7 +243,7 @@ class Receiver:
         self.spool.drop_spares()
 
     def active_associations(self) -> int:
-        """Number of associations open now in this process."""
+        """Number of admitted associations open now in this process."""
         with self._active_lock:
             return self._active
 
@@ -289,8 +289,10 @@ class Receiver:
     def serve_connection(
         self, sock: socket.socket, address: str, ticket: Ticket | None = None
     ) -> None:
-        """Run one association on an accepted connection (in its own thread)."""
-        self._count(1)
+        """Run one association on an accepted connection (in its own thread).
+
+        It counts as open (``active_associations``, the daemon's places) once admitted.
+        """
         self.spool.keep_spares(SPARE_FILES)
         association = Association(sock, address, self, ticket)
         try:
@@ -298,7 +300,7 @@ class Receiver:
         finally:
             if association.admitted:
                 self.places.give_admitted()
-            self._count(-1)
+                self._count(-1)
             self._ended(association.released)
 
     def _count(self, delta: int) -> None:
@@ -325,6 +327,7 @@ class Receiver:
         elif not self.places.take_admitted(self.config.max_associations):
             reason, rejection = "too many associations", REJECT_BUSY
         else:
+            self._count(1)
             return None
         self.stats.add(refused=1)
         log.warning(
