@@ -10,6 +10,7 @@ from typing import Any, NamedTuple
 import numpy as np
 from numpy.typing import NDArray
 
+from imaging_ai.lesion_mask import refine_lesion
 from imaging_ai.mapback import MapBack
 from imaging_ai.modelcard import Label, ModelCard
 from imaging_ai.preprocess import cpu_threads
@@ -42,6 +43,9 @@ class Lesion:
     # and whether it passed the classifier card's operating point and so is reported.
     probability: float | None = None
     reported: bool = True
+    # Centre (slice, row, column; continuous) of the detector's component before the lesion was
+    # segmented from HU: what the candidate classifier looks at, whatever the segmentation does.
+    detection_index: tuple[float, float, float] | None = field(default=None, compare=False)
 
     def as_json(self) -> dict[str, Any]:
         """JSON-ready form (rounded for people, not for maths)."""
@@ -212,7 +216,11 @@ def _top_two(
 
 
 def detect_lesions(
-    probabilities: NDArray[Any], card: ModelCard, volume: Volume, lungs: NDArray[np.uint8]
+    probabilities: NDArray[Any],
+    card: ModelCard,
+    volume: Volume,
+    lungs: NDArray[np.uint8],
+    refine: bool = True,
 ) -> list[Lesion]:
     """Group a detection model's per-slice probabilities into measured 3-D lesions.
 
@@ -230,7 +238,11 @@ def detect_lesions(
     volume
         Source geometry and HU.
     lungs
-        The lung label map (RIGHT_LUNG / LEFT_LUNG), used to name each lesion's side.
+        The lung label map (RIGHT_LUNG / LEFT_LUNG), used to name each lesion's side and to
+        keep a lesion's edge off the chest wall.
+    refine
+        Segment each lesion from the HU around its component (:func:`measure`); False
+        measures the components as the heat map gives them (for comparisons only).
     """
     label = card.labels[0]
     back = MapBack.of(probabilities, volume)
@@ -246,7 +258,7 @@ def detect_lesions(
             found.append((idx + offset, prob[tuple(idx.T)]))
     found.sort(key=lambda item: (-len(item[0]), tuple(item[0][0])))
     return [
-        measure(number, idx, prob, volume, lungs)
+        measure(number, idx, prob, volume, lungs, refine)
         for number, (idx, prob) in enumerate(found, start=1)
     ]
 
@@ -296,9 +308,22 @@ def measure(
     probability: NDArray[Any],
     volume: Volume,
     lungs: NDArray[np.uint8],
+    refine: bool = True,
 ) -> Lesion:
-    """Measure one component (its voxels and their probabilities): centre, RECIST-style axes,
-    volume, HU and side."""
+    """Measure one detection component (its voxels and their probabilities): centre,
+    RECIST-style axes, volume, HU and side.
+
+    With ``refine`` the lesion is first segmented from the HU around the component
+    (:func:`imaging_ai.lesion_mask.refine_lesion`): its voxels and volume are the lesion's,
+    not the heat map's. The probability stays the component's.
+    """
+    seed = idx.mean(axis=0)
+    detection_index = (float(seed[0]), float(seed[1]), float(seed[2]))
+    if refine:
+        found = refine_lesion(volume, idx, lungs)
+        idx, volume_ml = found.index, found.volume_ml
+    else:
+        volume_ml = len(idx) * volume.voxel_volume_ml
     s, r, c = idx[:, 0], idx[:, 1], idx[:, 2]
     centre = volume.index_to_lps(np.stack([c, r, s], axis=1).mean(axis=0))
     hu = volume.hu[s, r, c]
@@ -308,10 +333,11 @@ def measure(
         centre_mm=(float(centre[0]), float(centre[1]), float(centre[2])),
         long_axis_mm=long_axis,
         short_axis_mm=short_axis,
-        volume_ml=len(idx) * volume.voxel_volume_ml,
+        volume_ml=volume_ml,
         mean_hu=float(hu.mean()),
         max_hu=float(hu.max()),
         max_probability=float(probability.max()),
+        detection_index=detection_index,
         side=_side(idx, lungs),
         slices=(int(s.min()), int(s.max())),
         voxels=len(idx),
