@@ -11,6 +11,7 @@ real senders, and one byte every 30 s kept a socket open however short the netwo
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import heapq
 import logging
@@ -173,8 +174,11 @@ class Gate:
                     ticket = heapq.heappop(self._deadlines)[2]
                     if ticket in self._waiting:
                         self._close(ticket, f"no association within {self.deadline_s:g} s")
-                timeout = self._deadlines[0][0] - now if self._deadlines else None
-                self._wake.wait(timeout)
+                due = [self._deadlines[0][0] - now] if self._deadlines else []
+                log_in = self._log_closings(now)
+                if log_in is not None:
+                    due.append(log_in)
+                self._wake.wait(min(due, default=None))
 
     def _close(self, ticket: Ticket, why: str, give: bool = True) -> None:
         """Shut a waiting connection down (its thread then ends it); hold ``_wake``.
@@ -186,21 +190,27 @@ class Gate:
             self.places.give_waiting()
         ticket.closed = why
         # The descriptor is still open: leave() comes before close, and both hold _wake.
-        sock = socket.socket(fileno=ticket.fd)
-        try:
-            sock.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass  # the peer has gone already
-        finally:
-            sock.detach()
+        with contextlib.suppress(OSError):  # the peer may have gone already
+            sock = socket.socket(fileno=ticket.fd)
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            finally:
+                sock.detach()
         self._note_closed(why)
 
     def _note_closed(self, why: str) -> None:
-        """Log closings of waiting connections, at most one line per ``_LOG_EVERY_S``."""
         self._closed_since_log[why] = self._closed_since_log.get(why, 0) + 1
-        now = time.monotonic()
+        self._log_closings(time.monotonic())
+
+    def _log_closings(self, now: float) -> float | None:
+        """Log the closings counted, at most one line per ``_LOG_EVERY_S`` (a flood's count).
+
+        Returns the seconds until the counted ones can be logged, None if none wait.
+        """
+        if not self._closed_since_log:
+            return None
         if now - self._last_log < _LOG_EVERY_S:
-            return
+            return self._last_log + _LOG_EVERY_S - now
         self._last_log = now
         summary = "; ".join(f"{n} {why}" for why, n in self._closed_since_log.items())
         self._closed_since_log.clear()
@@ -210,3 +220,4 @@ class Gate:
             self.max_waiting,
             self.deadline_s,
         )
+        return None

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import logging
 import socket
 import time
 from collections.abc import Iterator
 
 import pytest
 
+from imaging_ai import admission
 from imaging_ai.admission import Gate, Places
 
 
@@ -88,3 +90,18 @@ def test_no_room_and_none_of_this_process_waiting_refuses_the_new_one(pairs: lis
     assert places.counts() == (1, 0)
     busy.stop()
     idle.stop()
+
+
+def test_a_flood_of_closings_is_logged_as_counts_not_line_by_line(
+    pairs: list, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(admission, "_LOG_EVERY_S", 0.3)
+    gate = Gate(Places(), 1, 30.0)
+    with caplog.at_level(logging.WARNING, logger="imaging_ai.admission"):
+        for _ in range(20):
+            gate.enter(_pair(pairs)[0].fileno(), "127.0.0.1")
+        time.sleep(0.6)  # the deadline thread logs what was counted meanwhile
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 2
+    assert "1 closed to make room" in lines[0] and "18 closed to make room" in lines[1]
+    gate.stop()
