@@ -27,6 +27,7 @@ from imaging_ai.render import key_image
 
 MOST_FALSE_POSITIVES = 3
 MOST_PICTURES = 6
+PICTURE_PIXELS = 512
 _GREEN, _CYAN, _RED, _YELLOW, _BLUE = (
     (40, 220, 40),
     (0, 220, 255),
@@ -162,7 +163,11 @@ def slice_picture(
         if d.reported:
             colour = _RED if op.outcomes[n] is Outcome.FALSE_POSITIVE else _CYAN
             overlays.append((_on_slice(d.voxels, k, lungs.shape[1:]), colour))
-    picture = key_image(case.volume.hu[k], overlays, markers=[(*at, _YELLOW)], marker_radius=16)
+    # Cropped scans (a few centimetres across) are enlarged to about 512 pixels to be seen.
+    scale = max(1.0, PICTURE_PIXELS / max(lungs.shape[1:]))
+    picture = key_image(
+        case.volume.hu[k], overlays, markers=[(*at, _YELLOW)], marker_radius=16, scale=scale
+    )
     return picture.convert("RGB")
 
 
