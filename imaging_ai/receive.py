@@ -279,7 +279,7 @@ class Receiver:
                 # Not in wrap_socket, which closes the descriptor when the handshake fails:
                 # the gate must let go of it first.
                 sock = tls.wrap_socket(sock, server_side=True, do_handshake_on_connect=False)
-                if not _handshake(sock, address):
+                if not _handshake(sock, ticket):
                     return
             self.serve_connection(sock, address, ticket)
         finally:
@@ -743,12 +743,13 @@ def _check_pixel_data_complete(pixel: PixelFacts, size: int) -> None:
         )
 
 
-def _handshake(sock: ssl.SSLSocket, address: str) -> bool:
+def _handshake(sock: ssl.SSLSocket, ticket: Ticket) -> bool:
     """Run the TLS handshake of an accepted connection; False (logged) if it failed."""
     try:
         sock.do_handshake()
     except (ssl.SSLError, OSError) as exc:
-        log.warning("TLS handshake with %s failed: %s", address, exc)
+        if not ticket.closed:  # else the gate cut it off at its deadline and logs that
+            log.warning("TLS handshake with %s failed: %s", ticket.address, exc)
         return False
     return True
 
