@@ -7,6 +7,7 @@ that each attack shows in seconds. Each test fails without its fix.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import select
 import socket
@@ -15,7 +16,9 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import pydicom
 import pytest
+from pydicom import Dataset
 from pynetdicom import AE
 from pynetdicom.pdu import A_ASSOCIATE_RQ
 from pynetdicom.pdu_primitives import (
@@ -24,7 +27,7 @@ from pynetdicom.pdu_primitives import (
     MaximumLengthNotification,
 )
 from pynetdicom.presentation import build_context
-from pynetdicom.sop_class import Verification  # type: ignore[attr-defined]
+from pynetdicom.sop_class import CTImageStorage, Verification  # type: ignore[attr-defined]
 
 from imaging_ai import dul
 from imaging_ai.bench.harness import free_port
@@ -32,6 +35,7 @@ from imaging_ai.config import Config, load_config
 from imaging_ai.db.session import make_engine, upgrade
 from imaging_ai.receive_pool import ReceiverPool
 from tests.conftest import wait_until
+from tests.dicom_factory import ct_series
 
 CALLED = "IMAGING_AI"
 DEADLINE_S = 2.0
@@ -52,10 +56,24 @@ def pool(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ReceiverPool]:
     pool.stop(timeout_s=10)
 
 
+@pytest.fixture(scope="module")
+def instance(tmp_path_factory: pytest.TempPathFactory) -> Dataset:
+    return pydicom.dcmread(ct_series(tmp_path_factory.mktemp("src"), slices=1)[0])
+
+
 @pytest.fixture(autouse=True)
-def idle(pool: ReceiverPool) -> None:
-    """Each test starts with no connection waiting or admitted (the last test's are gone)."""
+def idle_then_a_good_store(pool: ReceiverPool, instance: Dataset) -> Iterator[None]:
+    """Each attack starts with no connection waiting or admitted; after it, a real sender's
+    C-STORE is answered Success (the attack cost nothing but its own connection)."""
     wait_until(lambda: pool.places.counts() == (0, 0), timeout_s=DEADLINE_S + 5)
+    yield
+    wait_until(lambda: pool.places.counts() == (0, 0), timeout_s=DEADLINE_S + 5)
+    ae = AE(ae_title="PACS")
+    ae.add_requested_context(CTImageStorage)
+    assoc = ae.associate("127.0.0.1", pool.port, ae_title=CALLED)
+    assert assoc.is_established
+    assert assoc.send_c_store(instance).Status == 0x0000
+    assoc.release()
 
 
 def _config(tmp_path: Path) -> Config:
@@ -153,7 +171,8 @@ def _receiver_pids() -> list[int]:
     """This process's children started by multiprocessing's spawn: the receivers."""
     children = []
     for task in Path(f"/proc/{os.getpid()}/task").iterdir():
-        children += [int(pid) for pid in (task / "children").read_text().split()]
+        with contextlib.suppress(FileNotFoundError):  # a thread that has just ended
+            children += [int(pid) for pid in (task / "children").read_text().split()]
     return [p for p in children if b"spawn_main" in Path(f"/proc/{p}/cmdline").read_bytes()]
 
 
