@@ -89,7 +89,7 @@ def cmd_infer(args: argparse.Namespace) -> int:
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
     """Score the analysis on local cases with references."""
-    from imaging_ai.evaluate import run
+    from imaging_ai.evaluate.cli import run
 
     setup_logging("WARNING")
     return run(args)
@@ -173,7 +173,7 @@ def build_parser() -> argparse.ArgumentParser:
     infer.add_argument("--backend", choices=BACKENDS, help="force an inference backend")
     infer.set_defaults(func=cmd_infer)
 
-    from imaging_ai.evaluate import add_arguments as evaluate_arguments
+    from imaging_ai.evaluate.cli import add_arguments as evaluate_arguments
 
     evaluate = sub.add_parser(
         "evaluate", help="score the analysis on local cases (summary.json, froc.png, table)"
