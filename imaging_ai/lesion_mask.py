@@ -29,9 +29,12 @@ from numpy.typing import NDArray
 
 from imaging_ai.volume import Volume
 
-# The box around the component: grown by this share of its largest extent, and at least this.
-_MARGIN_SHARE = 0.75
-_MARGIN_MIN_MM = 8.0
+# The box around the component: grown by this share of its largest extent, and at least this
+# (a heat map's component may be half the lesion's size or less).
+_MARGIN_SHARE = 0.6
+_MARGIN_MIN_MM = 6.0
+# Around the lesion's piece: room for the voxels next to it and for the lungs around a hole.
+_CROP_MARGIN_MM = 3.0
 # Voxels below this are parenchyma for its level; above, vessels, wall or lesion.
 _PARENCHYMA_BELOW_HU = -400.0
 # The core's level: the median HU of the component's interior (off its edge), when it has
@@ -40,14 +43,21 @@ _MIN_INTERIOR = 8
 _SMALL_CORE_PERCENTILE = 90.0
 # Less contrast than this between core and parenchyma: nothing to find an edge in.
 _MIN_CONTRAST_HU = 150.0
-# Where the edge lies between the parenchyma's level (0) and the core's (1).
+# Where the edge lies between the parenchyma's level (0) and the core's (1) on slices up to
+# this thick; on thicker ones lower, as the square root of the ratio (see _edge_fraction).
 _EDGE_FRACTION = 0.5
+_THIN_SLICE_MM = 1.5
 # How far past the lung mask a lesion may reach (a lung mask may end short of the pleura).
 _LUNG_GROWTH_MM = 2.0
 # The opening ball's radius: this share of the lesion's radius, within the limits below.
 _OPEN_SHARE = 0.6
 _OPEN_MIN_MM = 1.0
 _OPEN_MAX_MM = 6.0
+# What the disc took off comes back where it reaches no farther than this share of its
+# radius, and no farther than this (a larger lesion's larger disc also cuts vessels farther
+# out, and their stubs would come back with it).
+_RESTORE_SHARE = 0.35
+_RESTORE_MAX_MM = 1.0
 # How far around the detection its deepest point is looked for (in-plane; and a slice).
 _SEED_GROWTH_MM = 3.0
 # A z spacing that keeps distances within each slice.
@@ -93,41 +103,90 @@ def refine_lesion(
         The lesion's voxels and volume; the component itself (volume by count) when the HU
         around it has no edge to find.
     """
-    box = _box(volume, component)
-    offset = np.array([part.start for part in box])
-    hu = volume.hu[box].astype(np.float32)
-    seed = np.zeros(hu.shape, bool)
-    seed[tuple((component - offset).T)] = True
+    spacing = volume.spacing_mm
+    box = _box(component, spacing, _MARGIN_SHARE, _MARGIN_MIN_MM, volume.hu.shape)
+    hu, seed = _cut(volume.hu, box), _seed(component, box)
     levels = _levels(hu, seed)
     if levels is None:
         return _unrefined(volume, component)
     lung_hu, core_hu = levels
-    threshold = lung_hu + _EDGE_FRACTION * (core_hu - lung_hu)
-    allowed = _allowed(lungs[box] > 0, seed, volume.spacing_mm)
-    mask = _keep_lesion((hu >= threshold) & allowed, seed, volume.spacing_mm)
+    threshold = lung_hu + _edge_fraction(spacing[2]) * (core_hu - lung_hu)
+    # Everything after works on the piece above the edge's level that holds the detection
+    # (and a margin), not on the whole box: the box is several times its size.
+    # Far denser than the lesion is something else: a vessel beside or through a ground-glass
+    # nodule, which would otherwise be the deepest thing the opening below finds.
+    denser = core_hu + (core_hu - lung_hu)
+    piece = _piece_on((hu >= threshold) & (hu <= denser), seed)
+    if not piece.any():
+        return _unrefined(volume, component)
+    inner = _box(np.argwhere(piece), spacing, 0.0, _CROP_MARGIN_MM, hu.shape)
+    box = _within(box, inner)
+    hu, seed, piece = hu[inner], seed[inner], piece[inner]
+    allowed = _allowed(_cut(lungs, box) > 0, piece, seed, spacing)
+    mask = _keep_lesion(piece & allowed, seed, spacing)
     if not mask.any():
         return _unrefined(volume, component)
     fraction = _occupancy(hu, mask, allowed, (lung_hu, core_hu), threshold)
-    index = np.argwhere(mask) + offset
+    index = np.argwhere(mask) + np.array([part.start for part in box])
     return LesionMask(index.astype(np.intp), fraction * volume.voxel_volume_ml, True)
+
+
+def _edge_fraction(thickness_mm: float) -> float:
+    """Where between the parenchyma's level and the core's the edge is drawn.
+
+    Half way is where a blurred edge crosses its true position. On a thick slice the lesion's
+    widest section lies somewhere within the slice, and the voxels at its rim are filled over
+    only part of the slice's thickness: half way would draw the section of a plane nearer the
+    lesion's top or bottom (a 7 mm nodule on 3 mm slices measured up to 1.3 pixels short).
+    Lower, as the square root of the thickness, it is drawn near the widest section's rim; the
+    volume does not depend on it (:func:`_occupancy`).
+    """
+    return _EDGE_FRACTION * math.sqrt(min(1.0, _THIN_SLICE_MM / thickness_mm))
 
 
 def _unrefined(volume: Volume, component: NDArray[np.intp]) -> LesionMask:
     return LesionMask(component, len(component) * volume.voxel_volume_ml, False)
 
 
-def _box(volume: Volume, component: NDArray[np.intp]) -> tuple[slice, slice, slice]:
-    """The component's bounding box grown by a margin in proportion to its size, clipped."""
-    spacing = np.asarray(volume.spacing_mm[::-1])  # (z, y, x): the order of the indices
-    lo, hi = component.min(axis=0), component.max(axis=0)
-    extent_mm = float(((hi - lo + 1) * spacing).max())
-    margin_mm = max(_MARGIN_MIN_MM, _MARGIN_SHARE * extent_mm)
-    grow = np.ceil(margin_mm / spacing).astype(int)
-    shape = volume.hu.shape
+Box = tuple[slice, slice, slice]
+
+
+def _box(
+    index: NDArray[np.intp],
+    spacing: tuple[float, float, float],
+    share: float,
+    least_mm: float,
+    shape: tuple[int, ...],
+) -> Box:
+    """The bounding box of ``index`` grown by ``share`` of its largest extent, and at least
+    ``least_mm``, within an array of ``shape``."""
+    zyx = np.asarray(spacing[::-1])  # the order of the indices
+    lo, hi = index.min(axis=0), index.max(axis=0)
+    margin_mm = max(least_mm, share * float(((hi - lo + 1) * zyx).max()))
+    grow = np.ceil(margin_mm / zyx).astype(int)
     return tuple(  # type: ignore[return-value]
         slice(max(0, int(a - g)), min(n, int(b + g + 1)))
         for a, b, g, n in zip(lo, hi, grow, shape, strict=True)
     )
+
+
+def _within(outer: Box, inner: Box) -> Box:
+    """``inner``, a box within ``outer``'s array, as a box of the array ``outer`` is in."""
+    z, y, x = (
+        slice(o.start + i.start, o.start + i.stop) for o, i in zip(outer, inner, strict=True)
+    )
+    return z, y, x
+
+
+def _cut(array: NDArray[Any], box: Box) -> NDArray[Any]:
+    return array[box[0], box[1], box[2]]
+
+
+def _seed(component: NDArray[np.intp], box: Box) -> NDArray[np.bool_]:
+    """The component as a mask over ``box``."""
+    seed = np.zeros([part.stop - part.start for part in box], bool)
+    seed[tuple((component - np.array([part.start for part in box])).T)] = True
+    return seed
 
 
 def _levels(hu: NDArray[np.float32], seed: NDArray[np.bool_]) -> tuple[float, float] | None:
@@ -161,16 +220,27 @@ def _interior(seed: NDArray[np.bool_]) -> NDArray[np.bool_]:
 
 
 def _allowed(
-    lung: NDArray[np.bool_], seed: NDArray[np.bool_], spacing: tuple[float, float, float]
+    lung: NDArray[np.bool_],
+    piece: NDArray[np.bool_],
+    seed: NDArray[np.bool_],
+    spacing: tuple[float, float, float],
 ) -> NDArray[np.bool_]:
-    """Where the lesion may lie: the lungs grown by a little, and the detection. Without any
-    lung in the box (a mask that missed this part) nothing is ruled out."""
-    if not lung.any():
+    """Where the lesion may lie: the lungs grown in-plane by a little, and the detection.
+    Nothing is ruled out where ``piece`` lies within the lungs, nor without any lung in the box
+    (a mask that missed this part)."""
+    if not lung.any() or not (piece & ~lung).any():
         return np.ones(lung.shape, bool)
     # A lung mask may leave a nodule out as a hole; a hole is lung for this purpose (a nodule
     # on the pleura is a notch in the mask, not a hole, and stays limited).
-    filled = _fill_holes(lung)
-    return _dilate(filled, _radius(_LUNG_GROWTH_MM, spacing)) | seed
+    grown = _fill_holes(lung)
+    for _ in range(_pixels(_LUNG_GROWTH_MM, spacing)):
+        grown = _grow_pixel(grown)
+    return grown | seed
+
+
+def _pixels(mm: float, spacing: tuple[float, float, float]) -> int:
+    """Steps of one pixel (to the four neighbours) that reach about ``mm`` in-plane."""
+    return max(1, round(mm / min(spacing[0], spacing[1])))
 
 
 def _keep_lesion(
@@ -183,8 +253,9 @@ def _keep_lesion(
     centred on points joined to the detection (another structure's centres, a vessel as thick
     as the disc, stay out even where its discs would touch the lesion's). In-plane, because
     slices may be five times thicker than pixels: a ball a few slices across would cut off a
-    lobe that one slice holds. The sections near the lesion's top and bottom, smaller than the
-    disc, are then added back (:func:`_add_ends`).
+    lobe that one slice holds. What the disc took off comes back where it stays close
+    (:func:`_near_fragments`), and the sections near the lesion's top and bottom, smaller than
+    the disc, are added back (:func:`_add_ends`).
     """
     piece = _piece_on(mask, seed)
     if not piece.any():
@@ -193,17 +264,38 @@ def _keep_lesion(
     depth = _distance_to(~piece, flat)
     # The lesion's radius, from its deepest point near the detection: a heat map may mark
     # only part of it, or stop a slice short of its middle.
-    near = _dilate(seed, (*_radius(_SEED_GROWTH_MM, spacing)[:2], 1))
+    near = seed
+    for _ in range(_pixels(_SEED_GROWTH_MM, spacing)):
+        near = _grow_pixel(near)
+    near = _grow_slice(near)
     radius_mm = float(depth[piece & near].max())
     disc_mm = min(_OPEN_MAX_MM, max(_OPEN_MIN_MM, _OPEN_SHARE * radius_mm))
     centres = _piece_on(depth > disc_mm, seed)
     if not centres.any():
         return piece
     body = piece & (_distance_to(centres, flat) <= disc_mm)
+    restore_mm = min(_RESTORE_MAX_MM, _RESTORE_SHARE * disc_mm)
+    body |= _near_fragments(piece & ~body, _distance_to(body, flat), restore_mm)
     # A sphere's sections are smaller than the disc over this height at each end.
     end_mm = radius_mm * (1.0 - math.sqrt(1.0 - _OPEN_SHARE**2))
     _add_ends(body, piece, math.ceil(end_mm / spacing[2]))
     return body
+
+
+def _near_fragments(
+    rest: NDArray[np.bool_], reach: NDArray[np.float32], limit_mm: float
+) -> NDArray[np.bool_]:
+    """The connected pieces of ``rest`` that reach no farther than ``limit_mm`` from the body
+    (``reach``): the tip of a lobe the disc did not fit into, not a vessel leaving the lesion
+    (which reaches on to the edge of the box)."""
+    if not rest.any():
+        return rest
+    labelled = _labels(rest)
+    farthest = np.zeros(int(labelled.max()) + 1, np.float32)
+    np.maximum.at(farthest, labelled[rest], reach[rest])
+    near = farthest <= limit_mm
+    near[0] = False
+    return np.asarray(near[labelled])
 
 
 def _add_ends(body: NDArray[np.bool_], piece: NDArray[np.bool_], slices: int) -> None:
@@ -225,13 +317,21 @@ def _add_ends(body: NDArray[np.bool_], piece: NDArray[np.bool_], slices: int) ->
             before = section
 
 
-def _grow_pixel(section: NDArray[np.bool_]) -> NDArray[np.bool_]:
-    """``section`` and its four in-plane neighbours."""
-    out = section.copy()
-    out[1:, :] |= section[:-1, :]
-    out[:-1, :] |= section[1:, :]
-    out[:, 1:] |= section[:, :-1]
-    out[:, :-1] |= section[:, 1:]
+def _grow_pixel(mask: NDArray[np.bool_]) -> NDArray[np.bool_]:
+    """``mask`` and its four in-plane neighbours (of a slice, or of every slice)."""
+    out = mask.copy()
+    out[..., 1:, :] |= mask[..., :-1, :]
+    out[..., :-1, :] |= mask[..., 1:, :]
+    out[..., :, 1:] |= mask[..., :, :-1]
+    out[..., :, :-1] |= mask[..., :, 1:]
+    return out
+
+
+def _grow_slice(mask: NDArray[np.bool_]) -> NDArray[np.bool_]:
+    """``mask`` and the voxels above and below it."""
+    out = mask.copy()
+    out[1:] |= mask[:-1]
+    out[:-1] |= mask[1:]
     return out
 
 
@@ -250,15 +350,9 @@ def _occupancy(
     a bias (fractions are clipped at zero).
     """
     lung_hu, core_hu = levels
-    ring = _dilate(mask, (1, 1, 1)) & ~mask & allowed & (hu < threshold)
+    ring = _grow_slice(_grow_pixel(mask)) & ~mask & allowed & (hu < threshold)
     counted = hu[mask | ring]
     return float(np.clip((counted - lung_hu) / (core_hu - lung_hu), 0.0, 1.0).sum())
-
-
-def _radius(mm: float, spacing: tuple[float, float, float]) -> tuple[int, int, int]:
-    """A ball's radius in voxels along (x, y, z), as SimpleITK takes it; 0 where a voxel is
-    wider than the ball."""
-    return tuple(int(mm / s + 0.5) for s in spacing)  # type: ignore[return-value]
 
 
 # SimpleITK's filters, run on one thread: the boxes are small, threads cost more than they
@@ -299,16 +393,6 @@ def _distance_to(
     # Outside the mask Maurer's map is the distance to the nearest voxel of it; inside, 0 is
     # what this function means.
     return np.maximum(signed, 0.0).astype(np.float32)
-
-
-def _dilate(mask: NDArray[np.bool_], radius: tuple[int, int, int]) -> NDArray[np.bool_]:
-    import SimpleITK as sitk
-
-    grown = _run(
-        "BinaryDilateImageFilter", mask, KernelRadius=radius, KernelType=sitk.sitkBall,
-        ForegroundValue=1,
-    )  # fmt: skip
-    return grown.astype(bool)
 
 
 def _fill_holes(mask: NDArray[np.bool_]) -> NDArray[np.bool_]:
