@@ -173,10 +173,19 @@ class ReceiverPool:
     def readiness(self) -> str:
         """What keeps ingest from full strength (a receiver down, the port), or "ok"."""
         problem = self.can_accept()
-        alive, expected = self.alive(), len(self._links)
-        if problem == "ok" and alive < expected:
-            problem = f"{alive} of {expected} receivers running"
+        ready, expected = self._ready(), len(self._links)
+        if problem == "ok" and ready < expected:
+            problem = f"{ready} of {expected} receivers ready"
         return problem
+
+    def _ready(self) -> int:
+        """Receivers running and done starting (a restarted one takes seconds to import)."""
+        count = 0
+        for i, link in enumerate(self._links):
+            proc = self._supervisor.process(i)
+            alive = proc is not None and proc.is_alive()
+            count += alive and link is not None and link.ready.is_set()
+        return count
 
     # -- supervision (in the supervisor's thread)
 

@@ -118,10 +118,10 @@ def _metric(daemon: FaultDaemon, name: str) -> float:
     return float(line.split()[1])
 
 
-def _receiver_pid(daemon: FaultDaemon) -> int:
+def _receiver_pid(daemon: FaultDaemon) -> int | None:
+    """The receiver's PID on the status page; None while it waits to be restarted."""
     match = RECEIVER_ROW.search(_admin_live(daemon))
-    assert match, "no receiver row on the status page"
-    return int(match.group(1))
+    return int(match.group(1)) if match else None
 
 
 def _open_fds(pid: int) -> int:
@@ -180,8 +180,9 @@ def _flood_then_study(daemon: FaultDaemon, root: Path) -> None:
 
 def _kill_receiver_then_study(daemon: FaultDaemon, root: Path) -> None:
     old = _receiver_pid(daemon)
+    assert old is not None, _admin_live(daemon)
     os.kill(old, signal.SIGKILL)
-    wait_until(lambda: _receiver_pid(daemon) != old, timeout_s=60)
+    wait_until(lambda: _receiver_pid(daemon) not in (None, old), timeout_s=60)
     wait_until(lambda: _ready(daemon), timeout_s=180)
     assert _metric(daemon, "imaging_ai_receiver_restarts_total") == 1
     assert _metric(daemon, "imaging_ai_dicom_accepting") == 1
