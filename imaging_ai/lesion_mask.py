@@ -20,13 +20,13 @@ thirds filled, and counting them whole or not at all moves a 6 mm nodule's volum
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
 
+from imaging_ai import masks
 from imaging_ai.volume import Volume
 
 # The box around the component: grown by this share of its largest extent, and at least this
@@ -116,7 +116,7 @@ def refine_lesion(
     # Far denser than the lesion is something else: a vessel beside or through a ground-glass
     # nodule, which would otherwise be the deepest thing the opening below finds.
     denser = core_hu + (core_hu - lung_hu)
-    piece = _piece_on((hu >= threshold) & (hu <= denser), seed)
+    piece = masks.piece_on((hu >= threshold) & (hu <= denser), seed)
     if not piece.any():
         return _unrefined(volume, component)
     inner = _box(np.argwhere(piece), spacing, 0.0, _CROP_MARGIN_MM, hu.shape)
@@ -232,9 +232,9 @@ def _allowed(
         return np.ones(lung.shape, bool)
     # A lung mask may leave a nodule out as a hole; a hole is lung for this purpose (a nodule
     # on the pleura is a notch in the mask, not a hole, and stays limited).
-    grown = _fill_holes(lung)
+    grown = masks.fill_holes(lung)
     for _ in range(_pixels(_LUNG_GROWTH_MM, spacing)):
-        grown = _grow_pixel(grown)
+        grown = masks.grow_pixel(grown)
     return grown | seed
 
 
@@ -257,25 +257,25 @@ def _keep_lesion(
     (:func:`_near_fragments`), and the sections near the lesion's top and bottom, smaller than
     the disc, are added back (:func:`_add_ends`).
     """
-    piece = _piece_on(mask, seed)
+    piece = masks.piece_on(mask, seed)
     if not piece.any():
         return piece
     flat = (spacing[0], spacing[1], _IN_PLANE_ONLY_MM)
-    depth = _distance_to(~piece, flat)
+    depth = masks.distance_to(~piece, flat)
     # The lesion's radius, from its deepest point near the detection: a heat map may mark
     # only part of it, or stop a slice short of its middle.
     near = seed
     for _ in range(_pixels(_SEED_GROWTH_MM, spacing)):
-        near = _grow_pixel(near)
-    near = _grow_slice(near)
+        near = masks.grow_pixel(near)
+    near = masks.grow_slice(near)
     radius_mm = float(depth[piece & near].max())
     disc_mm = min(_OPEN_MAX_MM, max(_OPEN_MIN_MM, _OPEN_SHARE * radius_mm))
-    centres = _piece_on(depth > disc_mm, seed)
+    centres = masks.piece_on(depth > disc_mm, seed)
     if not centres.any():
         return piece
-    body = piece & (_distance_to(centres, flat) <= disc_mm)
+    body = piece & (masks.distance_to(centres, flat) <= disc_mm)
     restore_mm = min(_RESTORE_MAX_MM, _RESTORE_SHARE * disc_mm)
-    body |= _near_fragments(piece & ~body, _distance_to(body, flat), restore_mm)
+    body |= _near_fragments(piece & ~body, masks.distance_to(body, flat), restore_mm)
     # A sphere's sections are smaller than the disc over this height at each end.
     end_mm = radius_mm * (1.0 - math.sqrt(1.0 - _OPEN_SHARE**2))
     _add_ends(body, piece, math.ceil(end_mm / spacing[2]))
@@ -290,7 +290,7 @@ def _near_fragments(
     (which reaches on to the edge of the box)."""
     if not rest.any():
         return rest
-    labelled = _labels(rest)
+    labelled = masks.labels(rest)
     farthest = np.zeros(int(labelled.max()) + 1, np.float32)
     np.maximum.at(farthest, labelled[rest], reach[rest])
     near = farthest <= limit_mm
@@ -310,29 +310,11 @@ def _add_ends(body: NDArray[np.bool_], piece: NDArray[np.bool_], slices: int) ->
         for k in range(first + step, first + step * (slices + 1), step):
             if not 0 <= k < len(body):
                 break
-            section = piece[k] & _grow_pixel(before)
+            section = piece[k] & masks.grow_pixel(before)
             if not section.any():
                 break
             body[k] = section
             before = section
-
-
-def _grow_pixel(mask: NDArray[np.bool_]) -> NDArray[np.bool_]:
-    """``mask`` and its four in-plane neighbours (of a slice, or of every slice)."""
-    out = mask.copy()
-    out[..., 1:, :] |= mask[..., :-1, :]
-    out[..., :-1, :] |= mask[..., 1:, :]
-    out[..., :, 1:] |= mask[..., :, :-1]
-    out[..., :, :-1] |= mask[..., :, 1:]
-    return out
-
-
-def _grow_slice(mask: NDArray[np.bool_]) -> NDArray[np.bool_]:
-    """``mask`` and the voxels above and below it."""
-    out = mask.copy()
-    out[1:] |= mask[:-1]
-    out[:-1] |= mask[1:]
-    return out
 
 
 def _occupancy(
@@ -350,67 +332,6 @@ def _occupancy(
     a bias (fractions are clipped at zero).
     """
     lung_hu, core_hu = levels
-    ring = _grow_slice(_grow_pixel(mask)) & ~mask & allowed & (hu < threshold)
+    ring = masks.grow_slice(masks.grow_pixel(mask)) & ~mask & allowed & (hu < threshold)
     counted = hu[mask | ring]
     return float(np.clip((counted - lung_hu) / (core_hu - lung_hu), 0.0, 1.0).sum())
-
-
-# SimpleITK's filters, run on one thread: the boxes are small, threads cost more than they
-# save there, and the multi-threaded labelling gave a few voxels more or less from one run to
-# the next. Imported in each function, as in postprocess: the outputs' helper process reads
-# this package and need not load SimpleITK.
-
-
-def _run(name: str, mask: NDArray[np.bool_], spacing: Sequence[float] = (1.0, 1.0, 1.0),
-         **settings: Any) -> NDArray[Any]:  # fmt: skip
-    """``mask`` through the SimpleITK filter ``name`` with ``settings`` (``Set<Key>`` calls)."""
-    import SimpleITK as sitk
-
-    image = sitk.GetImageFromArray(mask.astype(np.uint8))
-    image.SetSpacing(tuple(spacing))  # type: ignore[no-untyped-call]
-    step = getattr(sitk, name)()
-    step.SetNumberOfThreads(1)
-    for key, value in settings.items():
-        getattr(step, f"Set{key}")(value)
-    return np.asarray(sitk.GetArrayFromImage(step.Execute(image)))
-
-
-def _distance_to(
-    mask: NDArray[np.bool_], spacing: tuple[float, float, float]
-) -> NDArray[np.float32]:
-    """Distance (mm) from each voxel's centre to the nearest centre of a voxel in ``mask``
-    (infinite where ``mask`` is empty)."""
-    if not mask.any():
-        return np.full(mask.shape, np.inf, np.float32)
-    signed = _run(
-        "SignedMaurerDistanceMapImageFilter",
-        mask,
-        spacing,
-        InsideIsPositive=False,
-        SquaredDistance=False,
-        UseImageSpacing=True,
-    )
-    # Outside the mask Maurer's map is the distance to the nearest voxel of it; inside, 0 is
-    # what this function means.
-    return np.maximum(signed, 0.0).astype(np.float32)
-
-
-def _fill_holes(mask: NDArray[np.bool_]) -> NDArray[np.bool_]:
-    filled = _run("BinaryFillholeImageFilter", mask, FullyConnected=False, ForegroundValue=1)
-    return filled.astype(bool)
-
-
-def _labels(mask: NDArray[np.bool_]) -> NDArray[np.integer[Any]]:
-    """26-connected pieces of ``mask`` numbered 1, 2, ... (0 outside)."""
-    return _run("ConnectedComponentImageFilter", mask, FullyConnected=True)
-
-
-def _piece_on(mask: NDArray[np.bool_], seed: NDArray[np.bool_]) -> NDArray[np.bool_]:
-    """The 26-connected piece of ``mask`` sharing the most voxels with ``seed`` (empty if none
-    does)."""
-    labelled = _labels(mask)
-    counts = np.bincount(labelled[seed], minlength=2)
-    counts[0] = 0
-    if not counts.any():
-        return np.zeros(mask.shape, bool)
-    return np.asarray(labelled == int(counts.argmax()))
