@@ -2,19 +2,24 @@
 
 A detection model's heat map says where a lesion is, not where its edge lies: thresholded, it
 came out 14 to 63 % short of the phantom nodules' volumes on 3 mm slices. The edge is in the
-HU. Around the component (in a box grown in proportion to its size) the lesion is what lies
-above the level half way between its core and the surrounding parenchyma; half way is where a
-blurred edge crosses its true position, and on thick slices where a voxel is half filled.
+HU. In a box around the component (grown in proportion to its size) the lesion is what lies
+above a level between the surrounding parenchyma's (the median below -400 HU) and its core's
+(the median of the component's interior): half way on thin slices, where a blurred edge
+crosses its true position; lower on thick ones, where the rim of the widest section fills
+only part of a slice (:func:`_edge_fraction`).
 
 What would join the lesion at that level is cut off: the chest wall by keeping to the lungs
-(grown by a little, as a lung mask may end short of the pleura) and the detection; vessels by
-a morphological opening with a ball a fraction of the lesion's radius, which a vessel thinner
-than the ball does not survive while the lesion's own broad lobes do.
+(holes filled, grown by 2 mm, as a lung mask may end short of the pleura or leave a nodule
+out) and the detection; vessels by an opening, slice by slice, with a disc of 0.6 of the
+lesion's radius, which a vessel thinner than the disc does not survive while the lesion's own
+broad lobes do (:func:`_keep_lesion`); structures far denser than the lesion (a vessel through
+ground glass) are left out from the start.
 
-The volume is a partial-volume sum, not a voxel count: each voxel on and around the mask adds
-the fraction of it the lesion fills, read off its HU between the parenchyma's and the core's.
-On thin slices the two agree; on thick ones a small nodule's end slices are a third or two
-thirds filled, and counting them whole or not at all moves a 6 mm nodule's volume by 20 %.
+The volume is a partial-volume sum, not a voxel count: each voxel of the mask, and each next
+to it below the edge's level, adds the fraction of it the lesion fills, read off its HU between
+the parenchyma's level and the core's. On thin slices the two agree; on thick ones a small
+nodule's end slices are a third or two thirds filled, and counting voxels whole or not at all
+put a 6 mm sphere on 3 mm slices 5 to 20 % over, with the sum within 3 %.
 """
 
 from __future__ import annotations
