@@ -19,6 +19,8 @@ from imaging_ai.errors import ModelError, UnsupportedInput
 from imaging_ai.infer.base import Engine
 from imaging_ai.infer.ort import OrtOptions
 from imaging_ai.infer.select import load_engine, make_backend
+from imaging_ai.inputcheck import input_caveats
+from imaging_ai.lungs import largest_per_side
 from imaging_ai.modelcard import ModelCard, discover_models
 from imaging_ai.postprocess import (
     LEFT_LUNG,
@@ -118,7 +120,8 @@ def lung_labels(model: LoadedModel, volume: Volume) -> NDArray[np.uint8]:
             remap[label.value] = by_code[label.type.code]
     if not remap.any():
         raise ModelError(f"model {model.card.name} has no right or left lung label")
-    return labels_on_volume_grid(model_outputs(model, volume), model.card, volume, remap)
+    labels = labels_on_volume_grid(model_outputs(model, volume), model.card, volume, remap)
+    return largest_per_side(labels)
 
 
 def detection_probabilities(model: LoadedModel, volume: Volume) -> NDArray[np.float32]:
@@ -167,6 +170,7 @@ def analyse(
         models={m.card.name: _model_id(m.card) for m in used},
         timings_s=timings,
         candidates=tuple(candidates),
+        caveats=input_caveats(volume),
     )
 
 

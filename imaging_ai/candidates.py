@@ -33,10 +33,18 @@ LUNG_MARGIN_MM = 10.0
 
 
 def candidate_centres(lesions: Sequence[Lesion]) -> NDArray[np.float64]:
-    """Each candidate's centre as continuous voxel indices (slice, row, column), ``(n, 3)``."""
+    """Each candidate's centre as continuous voxel indices (slice, row, column), ``(n, 3)``: the
+    detector component's centre where the lesion records it, else its voxels' centre."""
     if not lesions:
         return np.zeros((0, 3))
-    return np.stack([lesion.voxel_index.mean(axis=0) for lesion in lesions])
+    return np.stack(
+        [
+            np.asarray(les.detection_index)
+            if les.detection_index is not None
+            else les.voxel_index.mean(axis=0)
+            for les in lesions
+        ]
+    )
 
 
 def _linear_taps(

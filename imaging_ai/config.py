@@ -215,7 +215,7 @@ class EnginesConfig:
     lung_model: str = "lung-seg"
     nodule_model: str = "nodule-det"
     # The candidate classifier (card task "classification"); "" runs without one.
-    candidate_model: str = ""
+    candidate_model: str = "nodule-fpr"
     preferred_batch_sizes: tuple[int, ...] = ()
     max_queue_delay_ms: float = 5.0
     max_pending_slices: int = 1024

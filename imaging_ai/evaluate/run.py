@@ -39,7 +39,7 @@ from imaging_ai.volume import Volume
 
 def analyse_volume(volume: Volume, models: Models) -> Analysis:
     """The daemon's analysis of one volume (the one place that calls it here)."""
-    return analyse(volume, models.lungs, models.nodules)
+    return analyse(volume, models.lungs, models.nodules, models.candidates)
 
 
 def detections_of(analysis: Analysis) -> list[Detection]:

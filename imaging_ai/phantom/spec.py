@@ -103,8 +103,8 @@ def _problems(spec: PhantomSpec) -> list[str]:
     if spec.dense_contrast and spec.contrast is False:
         out.append("dense_contrast=True needs contrast (True or None)")
     lo, hi = spec.nodule_diameter_range_mm
-    if not 3.0 <= lo <= hi <= 40.0:
-        out.append(f"nodule_diameter_range_mm={(lo, hi)} must satisfy 3 <= min <= max <= 40")
+    if not 3.0 <= lo <= hi <= 80.0:  # above 30 mm a "mass"
+        out.append(f"nodule_diameter_range_mm={(lo, hi)} must satisfy 3 <= min <= max <= 80")
     out += _range("subsolid_fraction", spec.subsolid_fraction, 0.0, 1.0)
     out += _range("juxtapleural_fraction", spec.juxtapleural_fraction, 0.0, 1.0)
     if spec.matrix not in (128, 256, 384, 512, 768, 1024):
