@@ -118,7 +118,7 @@ def refine_lesion(
     threshold = lung_hu + _edge_fraction(spacing[2]) * (core_hu - lung_hu)
     # Everything after works on the piece above the edge's level that holds the detection
     # (and a margin), not on the whole box: the box is several times its size.
-    # Far denser than the lesion is something else: a vessel beside or through a ground-glass
+    # Far denser than the lesion is something else: a vessel beside or across a ground-glass
     # nodule, which would otherwise be the deepest thing the opening below finds.
     denser = core_hu + (core_hu - lung_hu)
     piece = masks.piece_on((hu >= threshold) & (hu <= denser), seed)
@@ -127,6 +127,9 @@ def refine_lesion(
     inner = _box(np.argwhere(piece), spacing, 0.0, _CROP_MARGIN_MM, hu.shape)
     box = _within(box, inner)
     hu, seed, piece = hu[inner], seed[inner], piece[inner]
+    # What the piece encloses on a slice is the lesion's: the solid core of a part-solid
+    # nodule, vessels seen through ground glass (left out above only where they pass it).
+    piece = masks.fill_holes_in_plane(piece)
     allowed = _allowed(_cut(lungs, box) > 0, piece, seed, spacing)
     mask = _keep_lesion(piece & allowed, seed, spacing)
     if not mask.any():

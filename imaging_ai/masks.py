@@ -22,7 +22,7 @@ def _run(name: str, mask: NDArray[np.bool_], spacing: Sequence[float] = (1.0, 1.
     import SimpleITK as sitk
 
     image = sitk.GetImageFromArray(mask.astype(np.uint8))
-    image.SetSpacing(tuple(spacing))  # type: ignore[no-untyped-call]
+    image.SetSpacing(tuple(spacing)[: mask.ndim])  # type: ignore[no-untyped-call]
     step = getattr(sitk, name)()
     step.SetNumberOfThreads(1)
     for key, value in settings.items():
@@ -51,8 +51,17 @@ def distance_to(
 
 
 def fill_holes(mask: NDArray[np.bool_]) -> NDArray[np.bool_]:
+    """``mask`` with what it encloses in 3-D (face-connected background) filled."""
     filled = _run("BinaryFillholeImageFilter", mask, FullyConnected=False, ForegroundValue=1)
     return filled.astype(bool)
+
+
+def fill_holes_in_plane(mask: NDArray[np.bool_]) -> NDArray[np.bool_]:
+    """``mask`` with what it encloses on each slice filled."""
+    out = mask.copy()
+    for k in np.flatnonzero(mask.any(axis=(1, 2))):
+        out[k] = _run("BinaryFillholeImageFilter", mask[k], FullyConnected=False, ForegroundValue=1)
+    return out
 
 
 def labels(mask: NDArray[np.bool_]) -> NDArray[np.integer[Any]]:
