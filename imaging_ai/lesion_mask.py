@@ -127,9 +127,12 @@ def refine_lesion(
     inner = _box(np.argwhere(piece), spacing, 0.0, _CROP_MARGIN_MM, hu.shape)
     box = _within(box, inner)
     hu, seed, piece = hu[inner], seed[inner], piece[inner]
-    # What the piece encloses on a slice is the lesion's: the solid core of a part-solid
-    # nodule, vessels seen through ground glass (left out above only where they pass it).
-    piece = masks.fill_holes_in_plane(piece)
+    # The denser voxels the piece encloses on a slice are the lesion's: the solid core of a
+    # part-solid nodule, vessels seen through ground glass (left out above only where they
+    # pass it). Parenchyma it encloses (between vessels) stays out.
+    dense = hu > denser
+    if (dense & masks.grow_pixel(piece)).any():
+        piece |= masks.fill_holes_in_plane(piece) & dense
     allowed = _allowed(_cut(lungs, box) > 0, piece, seed, spacing)
     mask = _keep_lesion(piece & allowed, seed, spacing)
     if not mask.any():
