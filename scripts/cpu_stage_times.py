@@ -97,7 +97,14 @@ def batching_models(
     def loaded(card: Any) -> LoadedModel:
         return LoadedModel(card, BatchingEngine(engine_set.batchers[card.name], 1, deadline))
 
-    return Models(loaded(engine_set.lungs), loaded(engine_set.nodules), engines.backend), engine_set
+    extra = engine_set.cards.candidates
+    models = Models(
+        loaded(engine_set.lungs),
+        loaded(engine_set.nodules),
+        engines.backend,
+        loaded(extra) if extra else None,
+    )
+    return models, engine_set
 
 
 def trace_summary(engine_set: EngineSet) -> str:

@@ -52,7 +52,11 @@ def test_infer_writes_labels_in_source_geometry_and_findings(tmp_path: Path) -> 
     assert findings["study_uid"] == first.StudyInstanceUID
     assert set(findings["organ_volumes_ml"]) == {"right lung", "left lung"}
     assert findings["organ_volumes_ml"]["right lung"] > 100
-    assert {m["name"] for m in findings["models"].values()} == {"lung-seg", "nodule-det"}
+    assert {m["name"] for m in findings["models"].values()} == {
+        "lung-seg",
+        "nodule-det",
+        "nodule-fpr",
+    }
     for lesion in findings["lesions"]:
         assert lesion["long_axis_mm"] >= lesion["short_axis_mm"] > 0
         assert len(lesion["centre_mm"]) == 3

@@ -35,7 +35,10 @@ def test_idle_clocks_start_when_the_dicom_port_opens(
         f'[storage]\ndata_dir = "{tmp_path / "data"}"\nmin_free_mb = 1\n'
     )
     card = SimpleNamespace(name="model", version="1")
-    engines = SimpleNamespace(start=lambda: None, lungs=card, nodules=card, backend="fake")
+    cards = SimpleNamespace(all=lambda: (card, card))
+    engines = SimpleNamespace(
+        start=lambda: None, lungs=card, nodules=card, cards=cards, backend="fake"
+    )
     monkeypatch.setattr(pipeline, "EngineSet", lambda *args: engines)
     # Loading models and warming up encoders take seconds before the port opens.
     monkeypatch.setattr(pipeline, "warm_up_outputs", lambda *args: time.sleep(0.2) or 0.2)

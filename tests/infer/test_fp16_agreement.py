@@ -27,7 +27,11 @@ from imaging_ai.postprocess import segment_labels
 from imaging_ai.preprocess import add_context, context_stride, prepare_array
 
 ENGINES = Path(__file__).resolve().parents[2] / "engines"
-SHIPPED_MAX_ABS_DIFF = 0.02  # at the shipped input sizes FP16 also stays within this
+# At the shipped input sizes FP16 also stays within these. nodule-det's was 0.02 on the phantoms
+# of before issue 17; on today's (contrast, dense-contrast streaks, sharper kernels drawn at
+# random) its largest difference is 0.030-0.035 on this seed, far inside the 1-HU tolerance
+# (0.25), and on the H200 it was 0.047 (docs/models.md).
+SHIPPED_MAX_ABS_DIFF = {"lung-seg": 0.02, "nodule-det": 0.04}
 
 
 @pytest.fixture(scope="module")
@@ -91,7 +95,7 @@ def test_fp16_is_within_the_stated_tolerance(
     print(f"\n{name} {size or 'as shipped'}:\n  fp16 {got}\n  1 HU {limit}")
     assert got.within(limit), (got, limit)
     if size is None:
-        assert got.max_abs_diff <= SHIPPED_MAX_ABS_DIFF
+        assert got.max_abs_diff <= SHIPPED_MAX_ABS_DIFF[name]
     # The check has teeth: masks moved by three pixels are not within it.
     assert not compare(np.roll(ref, 3, axis=-1), ref, card).within(limit)
 
