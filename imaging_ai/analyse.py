@@ -30,6 +30,7 @@ from imaging_ai.postprocess import (
     detect_lesions,
     labels_on_volume_grid,
     organ_volumes_ml,
+    segment_reported,
 )
 from imaging_ai.preprocess import PreprocessSpec, prepare_slices, resize_back
 from imaging_ai.volume import Volume, group_series, load_series, pick_series
@@ -150,13 +151,16 @@ def analyse(
     outputs = model_outputs(nodule_model, volume)
     timings[nodule_model.card.name] = time.perf_counter() - t
     t = time.perf_counter()
-    found = detect_lesions(outputs, nodule_model.card, volume, lungs)
+    found = detect_lesions(outputs, nodule_model.card, volume, lungs, refine=False)
     del outputs
     timings["postprocess"] = time.perf_counter() - t
     t = time.perf_counter()
     candidates = classify_candidates(found, volume, lungs, candidate_model)
     if candidate_model is not None:
         timings[candidate_model.card.name] = time.perf_counter() - t
+    t = time.perf_counter()
+    candidates = segment_reported(candidates, volume, lungs)
+    timings["postprocess"] += time.perf_counter() - t
     lesions = tuple(c for c in candidates if c.reported)
     labels = lungs.copy()
     for lesion in lesions:

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -242,7 +242,8 @@ def detect_lesions(
         keep a lesion's edge off the chest wall.
     refine
         Segment each lesion from the HU around its component (:func:`measure`); False
-        measures the components as the heat map gives them (for comparisons only).
+        measures the components as the heat map gives them (the analysis then segments only
+        the candidates it reports, with :func:`segment_reported`).
     """
     label = card.labels[0]
     back = MapBack.of(probabilities, volume)
@@ -266,6 +267,28 @@ def detect_lesions(
     # GIL: real scans give dozens of candidates, measured on several threads.
     with ThreadPoolExecutor(cpu_threads(), thread_name_prefix="lesions") as pool:
         return list(pool.map(measured, enumerate(found, start=1)))
+
+
+def segment_reported(
+    lesions: Sequence[Lesion], volume: Volume, lungs: NDArray[np.uint8]
+) -> list[Lesion]:
+    """The reported lesions segmented from the HU around their detection component and measured
+    again (:func:`measure` with ``refine``); the others stay as the heat map gave them.
+
+    ``lesions`` come from :func:`detect_lesions` with ``refine=False``, so each one's voxels are
+    its component. Only what is reported is worth the 10-130 ms a segmentation costs: RIDER's
+    79 candidates took 10.9 s of a 236-slice study's 32.7 s when every one was segmented.
+    """
+
+    def measured(lesion: Lesion) -> Lesion:
+        if not lesion.reported:
+            return lesion
+        probability = np.array([lesion.max_probability])
+        again = measure(lesion.number, lesion.voxel_index, probability, volume, lungs, True)
+        return replace(again, probability=lesion.probability, reported=True)
+
+    with ThreadPoolExecutor(cpu_threads(), thread_name_prefix="lesions") as pool:
+        return list(pool.map(measured, lesions))
 
 
 def _boxes(near: NDArray[np.bool_], back: MapBack) -> Iterator[tuple[slice, slice, slice]]:
