@@ -21,7 +21,7 @@ from numpy.typing import NDArray
 
 from imaging_ai.errors import ModelError
 from imaging_ai.modelcard import ModelCard
-from imaging_ai.postprocess import Lesion
+from imaging_ai.postprocess import Lesion, as_probability
 from imaging_ai.volume import Volume
 
 if TYPE_CHECKING:
@@ -139,10 +139,7 @@ def probabilities(outputs: NDArray[Any], card: ModelCard) -> NDArray[np.float64]
     """The nodule probability of each patch from the classifier's ``(n, channels, ...)`` output."""
     label = card.labels[0]
     values = np.asarray(outputs, np.float64).reshape(len(outputs), card.output.channels, -1)
-    channel = values[:, label.channel, 0]
-    if card.output.kind == "logits":
-        return np.asarray(1.0 / (1.0 + np.exp(-channel)))
-    return channel
+    return np.asarray(as_probability(values[:, label.channel, 0], card), np.float64)
 
 
 def near_lungs(

@@ -84,10 +84,11 @@ def segment_labels(probabilities: NDArray[Any], card: ModelCard) -> NDArray[np.u
 
 
 def _probability(outputs: NDArray[Any], label: Label, card: ModelCard) -> NDArray[Any]:
-    return _as_probability(outputs[:, label.channel], card)
+    return as_probability(outputs[:, label.channel], card)
 
 
-def _as_probability(channel: NDArray[Any], card: ModelCard) -> NDArray[Any]:
+def as_probability(channel: NDArray[Any], card: ModelCard) -> NDArray[Any]:
+    """A channel of the card's outputs as probabilities (logits through the sigmoid)."""
     if card.output.kind == "logits":
         return np.asarray(1.0 / (1.0 + np.exp(-channel)))
     return channel
@@ -253,7 +254,7 @@ def detect_lesions(
     channel = slice(label.channel, label.channel + 1)
     for slices, rows, cols in _boxes(near, back):
         window = back.window(probabilities[slices, channel], rows, cols)
-        prob = _as_probability(window[:, 0], card)
+        prob = as_probability(window[:, 0], card)
         offset = np.array([slices.start, rows.start, cols.start])
         for idx in connected_components(prob >= label.threshold, volume, min_voxels):
             found.append((idx + offset, prob[tuple(idx.T)]))

@@ -17,6 +17,7 @@ import pytest
 from sqlalchemy import Engine, create_engine, text
 
 from imaging_ai.bench.harness import free_port
+from imaging_ai.config import Config, load_config
 from imaging_ai.db.session import make_engine, upgrade
 
 PG_BIN_GLOB = "/usr/lib/postgresql/*/bin"
@@ -121,3 +122,22 @@ def wait_until(predicate: object, timeout_s: float = 20.0, interval_s: float = 0
             return
         time.sleep(interval_s)
     raise AssertionError(f"condition not met within {timeout_s} s")
+
+
+def receiver_config(tmp_path: Path, processes: int, dicom_extra: str = "") -> Config:
+    """A daemon config for a receiver pool alone (PACS allowed from loopback), its spool folders
+    made and its database migrated."""
+    path = tmp_path / "daemon.toml"
+    path.write_text(
+        f'[dicom]\nae_title = "IMAGING_AI"\nport = {free_port()}\n'
+        f"receiver_processes = {processes}\n{dicom_extra}"
+        'allowed_callers = [{ ae_title = "PACS", host = "127.0.0.1" }]\n'
+        f'[storage]\ndata_dir = "{tmp_path / "data"}"\nmin_free_mb = 1\n'
+    )
+    config = load_config(path)
+    config.storage.spool_dir.mkdir(parents=True)
+    (config.storage.spool_dir / "tmp" / config.storage.node).mkdir(parents=True)
+    migrated = make_engine(config.storage.resolved_database_url)
+    upgrade(migrated)
+    migrated.dispose()
+    return config

@@ -12,11 +12,9 @@ import pytest
 from pynetdicom import AE
 from pynetdicom.sop_class import CTImageStorage, Verification  # type: ignore[attr-defined]
 
-from imaging_ai.bench.harness import free_port
-from imaging_ai.config import Config, load_config
-from imaging_ai.db.session import make_engine, upgrade
+from imaging_ai.config import Config
 from imaging_ai.receive_pool import ReceiverPool
-from tests.conftest import wait_until
+from tests.conftest import receiver_config, wait_until
 from tests.dicom_factory import ct_series
 
 CALLED = "IMAGING_AI"
@@ -24,19 +22,7 @@ CALLED = "IMAGING_AI"
 
 @pytest.fixture
 def config(tmp_path: Path) -> Config:
-    path = tmp_path / "daemon.toml"
-    path.write_text(
-        f'[dicom]\nae_title = "{CALLED}"\nport = {free_port()}\nreceiver_processes = 2\n'
-        'allowed_callers = [{ ae_title = "PACS", host = "127.0.0.1" }]\n'
-        f'[storage]\ndata_dir = "{tmp_path / "data"}"\nmin_free_mb = 1\n'
-    )
-    config = load_config(path)
-    config.storage.spool_dir.mkdir(parents=True)
-    (config.storage.spool_dir / "tmp" / config.storage.node).mkdir(parents=True)
-    engine = make_engine(config.storage.resolved_database_url)
-    upgrade(engine)
-    engine.dispose()
-    return config
+    return receiver_config(tmp_path, 2)
 
 
 @pytest.fixture

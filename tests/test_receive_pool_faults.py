@@ -24,10 +24,9 @@ from sqlalchemy import func, select
 from starlette.testclient import TestClient
 
 from imaging_ai import receive_pool
-from imaging_ai.bench.harness import free_port
-from imaging_ai.config import Config, load_config
+from imaging_ai.config import Config
 from imaging_ai.db.models import Instance
-from imaging_ai.db.session import make_engine, session_factory, upgrade
+from imaging_ai.db.session import make_engine, session_factory
 from imaging_ai.pipeline import Daemon
 from imaging_ai.receive_pool import ReceiverPool
 from imaging_ai.supervise import Backoff, ChildState
@@ -35,7 +34,7 @@ from imaging_ai.systemd import NotifySettings, Watchdog
 from imaging_ai.web.app import WebContext, create_app
 from imaging_ai.web.auth import TokenStore
 from imaging_ai.web.live import live_panels
-from tests.conftest import wait_until
+from tests.conftest import receiver_config, wait_until
 from tests.dicom_factory import ct_series
 
 CALLED = "IMAGING_AI"
@@ -43,19 +42,7 @@ CALLED = "IMAGING_AI"
 
 @pytest.fixture
 def config(tmp_path: Path) -> Config:
-    path = tmp_path / "daemon.toml"
-    path.write_text(
-        f'[dicom]\nae_title = "{CALLED}"\nport = {free_port()}\nreceiver_processes = 1\n'
-        'allowed_callers = [{ ae_title = "PACS", host = "127.0.0.1" }]\n'
-        f'[storage]\ndata_dir = "{tmp_path / "data"}"\nmin_free_mb = 1\n'
-    )
-    config = load_config(path)
-    config.storage.spool_dir.mkdir(parents=True)
-    (config.storage.spool_dir / "tmp" / config.storage.node).mkdir(parents=True)
-    engine = make_engine(config.storage.resolved_database_url)
-    upgrade(engine)
-    engine.dispose()
-    return config
+    return receiver_config(tmp_path, 1)
 
 
 def _pool(config: Config, first_s: float) -> Iterator[ReceiverPool]:
