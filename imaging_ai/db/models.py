@@ -1,4 +1,4 @@
-"""SQLAlchemy 2.0 typed models: studies, series, instances, jobs, audit events, UID conflicts."""
+"""SQLAlchemy 2.0 typed models: studies, series, instances, jobs and audit events."""
 
 from __future__ import annotations
 
@@ -195,21 +195,3 @@ class AuditEvent(Base):
     target: Mapped[str] = mapped_column(String(200), default="")
     detail: Mapped[str] = mapped_column(Text, default="")
     source: Mapped[str] = mapped_column(String(100), default="")
-
-
-class UidConflict(Base):
-    """An instance refused because its SOP Instance UID is catalogued under another study.
-
-    Kept for the status page; it names UIDs and the sender's AE title, never the patient.
-    """
-
-    __tablename__ = "uid_conflicts"
-
-    id: Mapped[int] = mapped_column(Integer, primary_key=True)
-    at: Mapped[datetime] = mapped_column(UTCDateTime(), index=True)
-    sop_instance_uid: Mapped[str] = mapped_column(UID)
-    sop_class_uid: Mapped[str] = mapped_column(UID)
-    study_instance_uid: Mapped[str] = mapped_column(UID)
-    series_instance_uid: Mapped[str] = mapped_column(UID)
-    catalogued_study_uid: Mapped[str] = mapped_column(UID)
-    calling_ae: Mapped[str] = mapped_column(String(16), default="")
