@@ -18,7 +18,7 @@ from sqlalchemy.orm import Session
 
 from imaging_ai.db.models import Instance, Series, Study, UTCDateTime
 from imaging_ai.dicom_head import HeadValues
-from imaging_ai.errors import InvalidDataset
+from imaging_ai.errors import DuplicateSOPInstance, InvalidDataset
 from imaging_ai.spool import Spool
 
 log = logging.getLogger(__name__)
@@ -160,7 +160,11 @@ class Catalog:
                 cursor.execute(sql.touch_series, (sql.timestamp(at), series_id))
                 if new_sender:
                     cursor.execute(sql.open_sender, (study_id,))
-            cursor.execute(sql.upsert_instance, (*instance, late, False))
+            cursor.execute(sql.upsert_instance, (*instance, late, False, study_id))
+            if cursor.rowcount == 0:
+                raise DuplicateSOPInstance(
+                    f"UID already in another study: SOP Instance UID {meta.sop_uid}"
+                )
             return late
 
         late = self._in_transaction(row)
@@ -206,6 +210,10 @@ class Catalog:
                     connection_invalidated=broken,
                     dialect=dialect,
                 ) from exc
+            except Exception:
+                with contextlib.suppress(self._dbapi_error):
+                    raw.rollback()
+                raise
             finally:
                 if raw.is_valid:
                     cursor.close()
@@ -306,7 +314,11 @@ class Catalog:
             log.error("spool file %s cannot be registered: %s", relative, exc)
             return False
         at = datetime.fromtimestamp(path.stat().st_mtime, UTC)
-        self.record(meta, relative, path.stat().st_size, at)
+        try:
+            self.record(meta, relative, path.stat().st_size, at)
+        except DuplicateSOPInstance as exc:
+            log.error("spool file %s is not registered: %s", relative, exc)
+            return False
         return True
 
 
@@ -340,12 +352,18 @@ class _RowSQL:
             f"UPDATE {series} SET last_instance_at = {p}, completed_at = NULL WHERE id = {p}"
         )
         replaced = [c for c in _INSTANCE_COLUMNS if c not in _NOT_REPLACED]
-        # The same SOP Instance UID sent again replaces the earlier copy.
+        instances = Instance.__tablename__
+        # The same SOP Instance UID sent again replaces the earlier copy, but only within its
+        # study: a UID reused by another study would otherwise move the instance there (the
+        # victim study one instance short, its file orphaned). Then no row changes (row count
+        # 0) and the caller refuses the instance; decided in the statement, so two receivers
+        # racing with the same UID cannot both win.
         self.upsert_instance = (
-            f"INSERT INTO {Instance.__tablename__} ({', '.join(_INSTANCE_COLUMNS)}) "
+            f"INSERT INTO {instances} ({', '.join(_INSTANCE_COLUMNS)}) "
             f"VALUES ({', '.join([p] * len(_INSTANCE_COLUMNS))}) "
             "ON CONFLICT (sop_instance_uid) DO UPDATE SET "
             + ", ".join(f"{c} = excluded.{c}" for c in replaced)
+            + f" WHERE {instances}.series_id IN (SELECT id FROM {series} WHERE study_id = {p})"
         )
 
 

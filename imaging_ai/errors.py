@@ -29,6 +29,10 @@ class SOPClassMismatch(InvalidDataset):
     """A dataset's SOP Class UID differs from the one it was sent as."""
 
 
+class DuplicateSOPInstance(InvalidDataset):
+    """A SOP Instance UID is already catalogued under another study."""
+
+
 class UnsupportedInput(ImagingAIError):
     """A study is valid DICOM but not something the models can take (modality, geometry)."""
 

@@ -279,6 +279,15 @@ class Spool:
             raise storage_error(exc, relative) from exc
         return SpooledFile(path=final, relative=relative, size_bytes=size)
 
+    def remove(self, relative: str) -> None:
+        """Delete an instance file durably (unlink, fsync its directory); absent is fine."""
+        path = self.root / relative
+        try:
+            path.unlink(missing_ok=True)
+            _fsync_dir(path.parent)
+        except OSError as exc:
+            raise storage_error(exc, relative) from exc
+
     def exists(self, relative: str) -> bool:
         """Whether an instance file is present."""
         return (self.root / relative).is_file()
