@@ -154,6 +154,9 @@ class HttpConfig:
     # header_timeout_s is closed. Both keep a flood from taking the daemon's descriptors.
     limit_concurrency: int = 256
     header_timeout_s: float = 10.0
+    # Addresses or networks of reverse proxies whose X-Forwarded-For/-Proto are believed (the
+    # sign-in throttle and the audit log then see the forwarded client). Empty: none, from any.
+    trusted_proxies: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -336,6 +339,7 @@ def _convert(key: str, type_name: Any, value: Any) -> Any:
         "tuple[Token, ...]": _as_tokens,
         "Secret": lambda key, value: Secret(_as_str(key, value)),
         "tuple[int, ...]": _as_ints,
+        "tuple[str, ...]": _as_strs,
         "tuple[PacsDestination, ...]": _as_pacs,
         "tuple[RisDestination, ...]": _as_ris,
     }
@@ -371,6 +375,15 @@ def _as_ints(key: str, value: Any) -> tuple[int, ...]:
         isinstance(v, int) and not isinstance(v, bool) for v in value
     ):
         raise ConfigError(f"{key} must be an array of integers, got {value!r}")
+    return tuple(value)
+
+
+def _as_strs(key: str, value: Any) -> tuple[str, ...]:
+    """An array of strings; a single string (an environment override) is split at commas."""
+    if isinstance(value, str):
+        return tuple(part.strip() for part in value.split(",") if part.strip())
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise ConfigError(f"{key} must be an array of strings, got {value!r}")
     return tuple(value)
 
 
@@ -558,6 +571,13 @@ def _validate_http(h: HttpConfig) -> None:
         raise ConfigError(f"http.limit_concurrency must be >= 1, got {h.limit_concurrency}")
     if h.header_timeout_s <= 0:
         raise ConfigError(f"http.header_timeout_s must be > 0, got {h.header_timeout_s}")
+    for i, proxy in enumerate(h.trusted_proxies):
+        try:
+            ipaddress.ip_network(proxy)  # strict, as uvicorn reads it (else a literal)
+        except ValueError:
+            raise ConfigError(
+                f"http.trusted_proxies[{i}] must be an IP address or network, got {proxy!r}"
+            ) from None
     names = set()
     for i, token in enumerate(h.tokens):
         if token.role not in ROLES:

@@ -53,13 +53,20 @@ class HttpServer(uvicorn.Server):
 
 
 def server_config(app: Any, http: HttpConfig, **options: Any) -> uvicorn.Config:
-    """uvicorn's settings for ``app``: [http] bind, port and connection limits, then ``options``."""
+    """uvicorn's settings for ``app``: [http] bind, port, connection limits, proxies; ``options``.
+
+    Proxy headers are read only from ``trusted_proxies``: uvicorn's own default believes
+    X-Forwarded-For from 127.0.0.1 (or $FORWARDED_ALLOW_IPS), which let a local client choose
+    the address the sign-in throttle and the audit log see.
+    """
     return uvicorn.Config(
         app,
         host=http.bind,
         port=http.port,
         http=guarded_h11(http.header_timeout_s, 2 * http.limit_concurrency),
         limit_concurrency=http.limit_concurrency,
+        proxy_headers=bool(http.trusted_proxies),
+        forwarded_allow_ips=list(http.trusted_proxies),
         **options,
     )
 

@@ -141,6 +141,9 @@ class SignInThrottle:
 
     Each failure costs ``delay_s`` times the failures so far (at most five times);
     after ``max_failures`` within ``window_s`` the address must wait for the window.
+    An attempt is counted as a failure by ``admit``, before its token is checked, in the same
+    critical section as the decision: simultaneous guesses cannot all pass the limit before
+    any of them is counted. ``succeeded`` forgets the count.
     """
 
     def __init__(self, settings: WebSecurity, clock: Callable[[], float] = time.monotonic) -> None:
@@ -150,31 +153,56 @@ class SignInThrottle:
         self._lock = threading.Lock()
 
     def wait_s(self, source: str) -> float:
-        """Seconds before ``source`` may try again; 0 when it may try now."""
-        recent = self._recent(source)
-        if len(recent) < self._settings.signin_max_failures:
-            return 0.0
-        return max(0.0, recent[0] + self._settings.signin_window_s - self._clock())
+        """Seconds before ``source`` may try again; 0 when it may try now (counts nothing)."""
+        with self._lock:
+            return self._wait_locked(source, self._clock())
+
+    def admit(self, source: str) -> float:
+        """Count an attempt from ``source`` that is about to be checked, if it may be.
+
+        Returns 0 when the attempt was counted and may be checked, else the seconds
+        ``source`` must wait (and nothing is counted).
+        """
+        with self._lock:
+            now = self._clock()
+            wait = self._wait_locked(source, now)
+            if wait <= 0:
+                self._record_locked(source, now)
+            return wait
+
+    def delay_s(self, source: str) -> float:
+        """The delay to impose before answering a failed attempt already counted by ``admit``."""
+        with self._lock:
+            recent = self._recent_locked(source, self._clock())
+        return self._settings.signin_delay_s * min(len(recent), 5)
 
     def failed(self, source: str) -> float:
         """Record a failure; the delay to impose before answering."""
         with self._lock:
-            if len(self._failures) >= MAX_TRACKED_SOURCES:
-                self._failures.clear()  # bounded memory; an attacker gains one fresh window
-            self._failures.setdefault(source, []).append(self._clock())
-        return self._settings.signin_delay_s * min(len(self._recent(source)), 5)
+            self._record_locked(source, self._clock())
+        return self.delay_s(source)
 
     def succeeded(self, source: str) -> None:
         """Forget the failures of ``source``."""
         with self._lock:
             self._failures.pop(source, None)
 
-    def _recent(self, source: str) -> list[float]:
-        horizon = self._clock() - self._settings.signin_window_s
-        with self._lock:
-            recent = [t for t in self._failures.get(source, []) if t > horizon]
-            if recent:
-                self._failures[source] = recent
-            else:
-                self._failures.pop(source, None)
-            return recent
+    def _wait_locked(self, source: str, now: float) -> float:
+        recent = self._recent_locked(source, now)
+        if len(recent) < self._settings.signin_max_failures:
+            return 0.0
+        return max(0.0, recent[0] + self._settings.signin_window_s - now)
+
+    def _record_locked(self, source: str, now: float) -> None:
+        if source not in self._failures and len(self._failures) >= MAX_TRACKED_SOURCES:
+            self._failures.clear()  # bounded memory; an attacker gains one fresh window
+        self._failures.setdefault(source, []).append(now)
+
+    def _recent_locked(self, source: str, now: float) -> list[float]:
+        horizon = now - self._settings.signin_window_s
+        recent = [t for t in self._failures.get(source, []) if t > horizon]
+        if recent:
+            self._failures[source] = recent
+        else:
+            self._failures.pop(source, None)
+        return recent

@@ -1,7 +1,8 @@
 """Takes the sign-in form (token name and token) and gives an admin session cookie, or a refusal.
 
-Failures are audited, slowed, and after several from one address refused for a while; the
-answer never says whether the name or the token was wrong.
+Failures are audited, slowed, and after several from one address refused for a while; each
+attempt is counted before its token is checked. The answer never says whether the name or the
+token was wrong.
 """
 
 from __future__ import annotations
@@ -51,7 +52,7 @@ class SignIn:
 
     async def sign_in(self, request: Request) -> Response:
         """Check the token; on success set the session cookie and go on."""
-        if refused := self._refused(request):
+        if refused := self._refused(request, self.throttle.wait_s(source(request))):
             return refused
         if int(request.headers.get("content-length") or 0) > MAX_FORM_BYTES:
             raise HTTPException(413, "form too large")
@@ -60,6 +61,10 @@ class SignIn:
         next_ = str(form.get("next", ""))
         if not self.pages.sessions.cookie_usable(request):
             return self._page(request, 400, error=PLAIN_HTTP, next_=next_)
+        # Counted as a failure before the check, in one step with the limit's decision, so
+        # simultaneous guesses cannot all pass the limit (a success forgets the count).
+        if refused := self._refused(request, self.throttle.admit(source(request))):
+            return refused
         principal = self.pages.ctx.tokens.verify(name, token)
         if principal is None or principal.role != "admin":
             await self._failed(request, name, "no" if principal is None else principal.role)
@@ -72,9 +77,8 @@ class SignIn:
         self.pages.sessions.set_cookie(response, cookie)
         return response
 
-    def _refused(self, request: Request) -> Response | None:
-        """A 429 page while the address must wait after too many failures."""
-        wait = self.throttle.wait_s(source(request))
+    def _refused(self, request: Request, wait: float) -> Response | None:
+        """A 429 page while the address must ``wait`` after too many failures."""
         if wait <= 0:
             return None
         log.warning("sign-in from %s refused: too many failures", source(request))
@@ -99,7 +103,7 @@ class SignIn:
         actor = name if self.pages.ctx.tokens.known(name) else "(unknown name)"
         detail = "wrong token or unknown name" if role == "no" else f"{role} token: not an admin"
         await run_in_threadpool(self.pages.audit, actor, "sign_in_failed", "", request, detail)
-        await asyncio.sleep(self.throttle.failed(source(request)))
+        await asyncio.sleep(self.throttle.delay_s(source(request)))  # counted by admit
 
     def _page(self, request: Request, status: int = 200, **values: str) -> Response:
         values.setdefault("error", "" if self.pages.sessions.cookie_usable(request) else PLAIN_HTTP)

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from typing import Any
 
+import httpx
 import pytest
 from itsdangerous import TimestampSigner
 from sqlalchemy import Engine, select
@@ -93,6 +95,40 @@ def test_too_many_failures_refuse_even_the_right_token(
     assert refused.status_code == 429
     assert "Too many failed sign-ins" in refused.text
     assert not events(engine, "sign_in")
+
+
+class CountingTokens(TokenStore):
+    """The admin token ``it``; counts the sign-in checks."""
+
+    def __init__(self) -> None:
+        super().__init__((Token("it", Secret(ADMIN), "admin"),))
+        self.checked = 0
+
+    def verify(self, name: str, token: str) -> Any:
+        self.checked += 1
+        return super().verify(name, token)
+
+
+def test_simultaneous_guesses_are_counted_before_they_are_checked(
+    engine: Engine, seeded: Seeded, actions: FakeActions
+) -> None:
+    """60 wrong guesses at once against a limit of 10: only 10 reach the token check."""
+    store = CountingTokens()
+    app = make_app(engine, actions, store, signin_max_failures=10)
+
+    async def guess(client: httpx.AsyncClient) -> int:
+        data = {"name": "it", "token": "wrong-wrong-wrong-wrong", "next": ""}
+        return (await client.post("/admin/signin", data=data)).status_code
+
+    async def guesses() -> list[int]:
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url=BASE) as client:
+            return await asyncio.gather(*(guess(client) for _ in range(60)))
+
+    statuses = asyncio.run(guesses())
+    assert sorted(statuses) == [401] * 10 + [429] * 50
+    assert store.checked == 10
+    assert len(events(engine, "sign_in_failed")) == 10
 
 
 def test_failed_sign_in_waits(engine: Engine, seeded: Seeded, actions: FakeActions) -> None:
