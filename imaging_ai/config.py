@@ -17,7 +17,7 @@ from imaging_ai.errors import ConfigError
 
 ENV_PREFIX = "IMAGING_AI_"
 PRIORITY_CLASSES = ("urgent", "inpatient", "outpatient")
-ROLES = ("ris", "admin")
+ROLES = ("ris", "admin", "metrics")
 
 
 class Secret(str):
@@ -157,6 +157,9 @@ class HttpConfig:
     # Addresses or networks of reverse proxies whose X-Forwarded-For/-Proto are believed (the
     # sign-in throttle and the audit log then see the forwarded client). Empty: none, from any.
     trusted_proxies: tuple[str, ...] = ()
+    # /metrics needs a bearer token of role "metrics" or "admin" (Prometheus: authorization
+    # credentials); false keeps it open to whoever reaches the port, as Prometheus expects.
+    metrics_require_token: bool = False
 
 
 @dataclass(frozen=True)

@@ -183,6 +183,15 @@ class ClassControl(Base):
     changed_by: Mapped[str] = mapped_column(String(100), default="")
 
 
+class SessionRevocation(Base):
+    """An admin session signed out before it expired: refused by every node until then."""
+
+    __tablename__ = "session_revocations"
+
+    sid: Mapped[str] = mapped_column(String(64), primary_key=True)
+    expires_at: Mapped[datetime] = mapped_column(UTCDateTime(), index=True)
+
+
 class AuditEvent(Base):
     """Who did what, when, from where: sign-ins, report reads, admin actions."""
 

@@ -112,7 +112,7 @@ class Actions:
 
     async def act(self, request: Request) -> Response:
         """Do a confirmed action; browsers go back to the status page with a notice."""
-        admin = self.pages.admin(request)
+        admin = await run_in_threadpool(self.pages.admin, request)  # reads sign-outs
         form = await self.pages.form(request, admin)
         action = _action(str(form.get("action", "")))
         if form.get("confirm") != "yes":

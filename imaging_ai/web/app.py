@@ -76,6 +76,10 @@ def create_app(ctx: WebContext, throttle: SignInThrottle | None = None) -> Starl
     )
 
 
+METRICS_ROLES = ("metrics", "admin")
+"""Who may read ``/metrics`` when ``[http] metrics_require_token`` is set."""
+
+
 def metrics_endpoint(ctx: WebContext) -> Callable[[Request], Response]:
     """``/metrics``: Prometheus text format from a registry of this app's own."""
     registry = CollectorRegistry(auto_describe=False)
@@ -88,6 +92,12 @@ def metrics_endpoint(ctx: WebContext) -> Callable[[Request], Response]:
 
     def metrics(request: Request) -> Response:
         # A plain function: Starlette runs it in a thread, off the event loop, as it queries.
+        if ctx.config.http.metrics_require_token:
+            principal = ctx.tokens.from_request(request)
+            if principal is None:
+                raise HTTPException(401, "a valid Authorization: Bearer token is required")
+            if principal.role not in METRICS_ROLES:
+                raise HTTPException(403, f"role {principal.role!r} may not read the metrics")
         return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
     return metrics

@@ -48,7 +48,7 @@ class Pages:
 
     def __init__(self, ctx: WebContext) -> None:
         self.ctx = ctx
-        self.sessions = Sessions(ctx.tokens, ctx.web_security)
+        self.sessions = Sessions(ctx.tokens, ctx.web_security, ctx.sessions)
         self.env = Environment(
             loader=PackageLoader("imaging_ai.web", "templates"),
             autoescape=select_autoescape(["html"]),

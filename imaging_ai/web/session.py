@@ -3,7 +3,8 @@
 A session is a signed cookie (itsdangerous, HMAC-SHA256 with a timestamp): the token name, a
 keyed fingerprint of that token, a CSRF token and a session id. Nothing is stored server-side
 except the ids of sessions signed out early, so several HTTP workers or nodes that share
-``[http] session_secret`` accept each other's sessions.
+``[http] session_secret`` accept each other's sessions. Those ids are kept in the database
+(``session_revocations``), so a sign-out holds on every node and across restarts.
 """
 
 from __future__ import annotations
@@ -14,12 +15,17 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from itsdangerous import BadSignature, URLSafeTimedSerializer
+from sqlalchemy import delete, select
+from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.orm import Session, sessionmaker
 from starlette.requests import HTTPConnection
 from starlette.responses import Response
 
+from imaging_ai.db.models import SessionRevocation
 from imaging_ai.web.auth import Principal, TokenStore
 
 COOKIE = "imaging_ai_session"
@@ -62,11 +68,23 @@ class AdminSession:
 
 
 class Sessions:
-    """Issues, reads and revokes admin session cookies."""
+    """Issues, reads and revokes admin session cookies.
 
-    def __init__(self, tokens: TokenStore, settings: WebSecurity) -> None:
+    With ``db``, sign-outs are rows of ``session_revocations``, read on every request, so
+    they hold on every node and after a restart; if the database cannot be read, a session
+    is refused rather than perhaps one signed out accepted. Without ``db`` (tests of the
+    pages alone) they are kept in this process.
+    """
+
+    def __init__(
+        self,
+        tokens: TokenStore,
+        settings: WebSecurity,
+        db: sessionmaker[Session] | None = None,
+    ) -> None:
         self._tokens = tokens
         self._settings = settings
+        self._db = db
         self._key = settings.session_secret.encode("utf-8") or secrets.token_bytes(32)
         self._signer = URLSafeTimedSerializer(self._key, salt="imaging-ai admin session")
         self._revoked: dict[str, float] = {}
@@ -91,16 +109,41 @@ class Sessions:
         except (BadSignature, KeyError, TypeError):
             return None
         bound = self._tokens.binding(name, self._key)
-        if bound is None or not hmac.compare_digest(bound[1], binding) or sid in self._revoked:
+        if bound is None or not hmac.compare_digest(bound[1], binding) or self._is_revoked(sid):
             return None
         return AdminSession(bound[0], csrf, sid)
 
     def revoke(self, session: AdminSession) -> None:
-        """End a session before it expires (sign-out)."""
+        """End a session before it expires (sign-out), on every node sharing the database.
+
+        Raises SQLAlchemyError if the database cannot record it: the sign-out has then not
+        happened, and the caller must say so.
+        """
         now = time.time()
         with self._lock:
             self._revoked = {s: t for s, t in self._revoked.items() if t > now}
             self._revoked[session.sid] = now + self._settings.session_max_age_s
+        if self._db is None:
+            return
+        at = datetime.now(UTC)
+        with self._db.begin() as s:
+            s.execute(delete(SessionRevocation).where(SessionRevocation.expires_at < at))
+            if s.get(SessionRevocation, session.sid) is None:
+                expires = at + timedelta(seconds=self._settings.session_max_age_s)
+                s.add(SessionRevocation(sid=session.sid, expires_at=expires))
+
+    def _is_revoked(self, sid: str) -> bool:
+        with self._lock:
+            if sid in self._revoked:
+                return True
+        if self._db is None:
+            return False
+        try:
+            with self._db() as s:
+                found = s.scalar(select(SessionRevocation.sid).where(SessionRevocation.sid == sid))
+        except SQLAlchemyError:
+            return True  # cannot tell: refuse, never accept a session perhaps signed out
+        return found is not None
 
     def set_cookie(self, response: Response, value: str) -> None:
         """Attach the session cookie: HTTP-only, SameSite=Strict, Secure unless disabled."""

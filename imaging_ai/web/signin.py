@@ -11,6 +11,7 @@ import asyncio
 import logging
 import math
 
+from sqlalchemy.exc import SQLAlchemyError
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
@@ -88,10 +89,15 @@ class SignIn:
 
     async def sign_out(self, request: Request) -> Response:
         """End the session (CSRF-checked, so another site cannot sign you out)."""
-        admin = self.pages.admin(request)
+        admin = await run_in_threadpool(self.pages.admin, request)  # reads sign-outs
         await self.pages.form(request, admin)
         if admin.session is not None:
-            self.pages.sessions.revoke(admin.session)
+            try:
+                await run_in_threadpool(self.pages.sessions.revoke, admin.session)
+            except SQLAlchemyError:
+                raise HTTPException(
+                    503, "the database is unavailable: you are not signed out; try again"
+                ) from None
         await run_in_threadpool(self.pages.audit, admin.principal.name, "sign_out", "", request)
         response = RedirectResponse("/admin/signin", 303)
         self.pages.sessions.clear_cookie(response)
