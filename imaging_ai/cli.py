@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
-from imaging_ai import __version__
+from imaging_ai import __version__, redact
 from imaging_ai.config import BACKENDS, Config, load_config
 from imaging_ai.errors import ImagingAIError
 
@@ -26,6 +26,8 @@ def setup_logging(level: str) -> None:
     logging.getLogger("pynetdicom").setLevel(logging.WARNING)
     # highdicom logs each copied module with the source UIDs at INFO.
     logging.getLogger("highdicom").setLevel(logging.WARNING)
+    # Library warnings and exception messages quote header values (names, dates): redacted.
+    redact.install()
 
 
 def _config(args: argparse.Namespace) -> Config:

@@ -27,6 +27,7 @@ from imaging_ai.outbox import Outbox
 from imaging_ai.outputs.common import source_headers
 from imaging_ai.outputs.files import ResultFiles, write_results
 from imaging_ai.outputs.messages import MessageBuilder
+from imaging_ai.redact import exception_text
 from imaging_ai.schedule import Claim, Scheduler
 
 log = logging.getLogger(__name__)
@@ -202,14 +203,15 @@ class Processor:
             timings = {**steps, "outputs": time.perf_counter() - t}
             faults.reach("after:outputs")
         except PERMANENT as exc:
-            self._fail(claim, str(exc))
+            self._fail(claim, exception_text(exc))
             return
         except Exception as exc:  # the one boundary where any failure becomes the study's
             log.exception("job %d: analysis failed (attempt %d)", claim.job_id, claim.attempt)
             if claim.attempt >= MAX_ATTEMPTS:
-                self._fail(claim, f"analysis failed {claim.attempt} times: {exc}")
+                self._fail(claim, f"analysis failed {claim.attempt} times: {exception_text(exc)}")
             else:
-                self.scheduler.requeue(claim, f"attempt {claim.attempt} failed: {exc}")
+                reason = f"attempt {claim.attempt} failed: {exception_text(exc)}"
+                self.scheduler.requeue(claim, reason)
             return
         finally:
             keep_lease.stop()

@@ -19,6 +19,7 @@ from sqlalchemy import Engine, create_engine, text
 from imaging_ai.bench.harness import free_port
 from imaging_ai.config import Config, load_config
 from imaging_ai.db.session import make_engine, upgrade
+from tests import phi_scan
 
 PG_BIN_GLOB = "/usr/lib/postgresql/*/bin"
 
@@ -81,6 +82,13 @@ class PostgresCluster:
             conn.execute(text(f"CREATE DATABASE {name}"))
         admin.dispose()
         return self.url(name)
+
+
+@pytest.fixture(autouse=True)
+def no_patient_identifiers_in_logs() -> Iterator[None]:
+    """Fails a test whose log lines name a test patient (tests/phi_scan.py)."""
+    with phi_scan.scanned():
+        yield
 
 
 @pytest.fixture(scope="session")
