@@ -20,8 +20,10 @@ import re
 REDACTED = "<redacted>"
 
 # What makes a message one whose quoted values may be a patient's.
+# pydicom's "Invalid value for VR UI: '...'" quotes raw bytes, which in a damaged data set run on
+# into the next elements (a PatientID among them): any message about a VR is one.
 _ABOUT_PATIENT = re.compile(
-    r"patient|person ?name|birth|\b(?:PN|DA|DT|TM)\b",
+    r"patient|person ?name|birth|\b(?:PN|DA|DT|TM|VR)\b|value representation",
     re.IGNORECASE,
 )
 # A quoted value: the quote opens after a non-word character, and an apostrophe followed by a

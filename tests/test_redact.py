@@ -111,6 +111,10 @@ def test_an_error_from_a_bad_birth_date_is_redacted_in_log_and_job() -> None:
         ('Invalid value for VR PN: "O\'Brien".', f'Invalid value for VR PN: "{REDACTED}".'),
         ("PatientID 'X-1' in the study's header", f"PatientID '{REDACTED}' in the study's header"),
         ("19AB0304 is not an HL7 valid date value", f"{REDACTED} is not an HL7 valid date value"),
+        (
+            "Invalid value for VR UI: '4.0\\x10\\x00LO\\n\\x00TEST-ID-1 '.",  # a damaged UID
+            f"Invalid value for VR UI: '{REDACTED}'.",
+        ),
         ("cannot listen on 'eth0'", "cannot listen on 'eth0'"),  # nothing about a patient
     ],
 )
