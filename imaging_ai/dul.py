@@ -10,6 +10,7 @@ as is; this module only frames PDUs and DIMSE messages.
 from __future__ import annotations
 
 import socket
+import ssl
 import struct
 from collections.abc import Container, Iterator
 from dataclasses import dataclass
@@ -67,22 +68,55 @@ MAX_COMMAND_LENGTH = 65536
 # field is the peer's claim, and 0xFFFFFFFF must not buy 4 GiB of zeroed memory.
 _FIRST_BUFFER = 65536
 
-# A-ABORT reasons when the service provider aborts (source 2), PS3.8 section 9.3.8.
+# A-ABORT sources and, for the service provider's (source 2), reasons: PS3.8 section 9.3.8.
+SOURCE_SERVICE_USER = 0x00
+SOURCE_SERVICE_PROVIDER = 0x02
 REASON_NOT_SPECIFIED = 0x00
 REASON_UNRECOGNIZED_PDU = 0x01
 REASON_UNEXPECTED_PDU = 0x02
+REASON_UNRECOGNIZED_PARAMETER = 0x04
+REASON_UNEXPECTED_PARAMETER = 0x05
 REASON_INVALID_PARAMETER = 0x06
+
+# A-ASSOCIATE-RQ fixed fields, offsets in its body (PS3.8 section 9.3.2).
+_PROTOCOL_VERSION_1 = 0x0001
+CALLED_AE_FIELD = slice(4, 20)
+CALLING_AE_FIELD = slice(20, 36)
+_FIXED_RQ_FIELDS = 68
+# Item types of an A-ASSOCIATE-RQ and the sub-item types of its user information item
+# that pynetdicom decodes. Others are skipped, not refused: a sub-item from a later edition
+# of the standard, or a vendor's, must not cost its sender the association.
+_RQ_ITEMS = frozenset({0x10, 0x20, 0x50})
+_USER_INFORMATION_ITEM = 0x50
+_USER_SUB_ITEMS = frozenset(range(0x51, 0x59))
+_ITEM_HEADER = struct.Struct(">BBH")
 
 
 class ProtocolError(Exception):
-    """The peer broke the upper-layer protocol or closed the connection mid-PDU.
+    """The peer broke the upper-layer protocol (PS3.8's Evt19, an invalid PDU).
 
     ``reason`` is what the A-ABORT that answers it carries.
     """
 
-    def __init__(self, message: str, reason: int = REASON_NOT_SPECIFIED) -> None:
+    def __init__(self, message: str, reason: int = REASON_INVALID_PARAMETER) -> None:
         super().__init__(message)
         self.reason = reason
+
+
+class UnexpectedPdu(ProtocolError):
+    """A PDU of a known type that the association's state does not take, refused unread."""
+
+    def __init__(self, pdu_type: int) -> None:
+        super().__init__(f"unexpected PDU type 0x{pdu_type:02X}", REASON_UNEXPECTED_PDU)
+        self.pdu_type = pdu_type
+
+
+class ConnectionClosed(ProtocolError):
+    """The peer closed the transport connection (PS3.8's Evt17), perhaps mid-PDU."""
+
+
+class IdleTimeout(ProtocolError):
+    """No byte came for the socket's receive timeout (the network idle timer)."""
 
 
 @dataclass(frozen=True)
@@ -102,9 +136,16 @@ def _read_into(sock: socket.socket, view: memoryview, before: int = 0, whole: in
     """
     got, n = 0, len(view)
     while got < n:
-        count = sock.recv_into(view[got:], n - got)
+        try:
+            count = sock.recv_into(view[got:], n - got)
+        except (BlockingIOError, TimeoutError, ssl.SSLWantReadError) as exc:
+            # SO_RCVTIMEO on a blocking socket gives EAGAIN; settimeout gives TimeoutError.
+            raise IdleTimeout(
+                f"no data for the network timeout after {before + got} bytes of a PDU",
+                REASON_NOT_SPECIFIED,
+            ) from exc
         if count == 0:
-            raise ProtocolError(
+            raise ConnectionClosed(
                 f"connection closed after {before + got} of {whole or n} bytes of a PDU"
             )
         got += count
@@ -123,6 +164,7 @@ class PduReader:
         self.sock = sock
         self._header = bytearray(_HEADER.size)
         self._buffer = bytearray()
+        self.unread = 0  # body bytes of the last PDU, refused by its header, still to come
 
     def read(self, max_pdu: int, expected: Container[int] = PDU_TYPES) -> tuple[int, memoryview]:
         """Read one PDU of an ``expected`` type; return its type and body (without the header).
@@ -140,12 +182,30 @@ class PduReader:
         """
         _read_into(self.sock, memoryview(self._header))
         pdu_type, _, length = _HEADER.unpack(self._header)
-        check_pdu(pdu_type, length, max_pdu, expected)
+        try:
+            check_pdu(pdu_type, length, max_pdu, expected)
+        except ProtocolError:
+            self.unread = length
+            raise
         if length > len(self._buffer):
             self._grow_into(length)
         else:
             _read_into(self.sock, memoryview(self._buffer)[:length])
         return pdu_type, memoryview(self._buffer)[:length]
+
+    def skip_unread(self) -> None:
+        """Read past the body of a PDU refused by its header, to the next PDU's header.
+
+        Raises
+        ------
+        ProtocolError
+            The connection closed or went idle first (``ConnectionClosed``, ``IdleTimeout``).
+        """
+        scratch = memoryview(bytearray(min(self.unread, _FIRST_BUFFER)))
+        while self.unread:
+            chunk = scratch[: min(self.unread, len(scratch))]
+            _read_into(self.sock, chunk)
+            self.unread -= len(chunk)
 
     def _grow_into(self, length: int) -> None:
         """Read a body longer than the buffer, doubling it as the bytes arrive.
@@ -177,7 +237,7 @@ def check_pdu(
     if pdu_type not in PDU_TYPES:
         raise ProtocolError(f"unknown PDU type 0x{pdu_type:02X}", REASON_UNRECOGNIZED_PDU)
     if pdu_type not in expected:
-        raise ProtocolError(f"unexpected PDU type 0x{pdu_type:02X}", REASON_UNEXPECTED_PDU)
+        raise UnexpectedPdu(pdu_type)
     if pdu_type in (A_ASSOCIATE_RQ_TYPE, A_ASSOCIATE_AC_TYPE):
         if length > MAX_ASSOCIATE_LENGTH:
             raise ProtocolError(
@@ -203,7 +263,7 @@ def iter_pdvs(body: bytearray | memoryview) -> Iterator[Pdv]:
     offset = 0
     while offset < len(body):
         if offset + _PDV_HEADER.size > len(body):
-            raise ProtocolError("P-DATA-TF ends inside a PDV item header")
+            raise ProtocolError("P-DATA-TF ends inside a PDV item header", REASON_INVALID_PARAMETER)
         length, context_id, control = _PDV_HEADER.unpack_from(body, offset)
         end = offset + 4 + length
         if length < 2 or end > len(body):
@@ -214,14 +274,71 @@ def iter_pdvs(body: bytearray | memoryview) -> Iterator[Pdv]:
         offset = end
 
 
+def supports_protocol_version_1(body: bytes | bytearray) -> bool:
+    """Whether an A-ASSOCIATE-RQ's protocol version has bit 0 (version 1) set.
+
+    PS3.8 section 9.3.2: a receiver implementing only version 1 tests only that bit.
+    """
+    return len(body) >= 2 and bool(int.from_bytes(body[:2], "big") & _PROTOCOL_VERSION_1)
+
+
+def is_ae_title(field: bytes | bytearray) -> bool:
+    """Whether a 16-byte AE title field holds a valid AE title (PS3.5 section 6.2, AE VR).
+
+    Leading and trailing spaces are not significant; all spaces, control characters (NUL
+    padding among them) and the backslash are not allowed.
+    """
+    return (
+        len(field) == 16
+        and all(0x20 <= byte < 0x7F and byte != 0x5C for byte in field)
+        and field.strip(b" ") != b""
+    )
+
+
 def decode_associate_rq(body: bytearray) -> A_ASSOCIATE:
-    """The A-ASSOCIATE request primitive of an A-ASSOCIATE-RQ PDU body."""
+    """The A-ASSOCIATE request primitive of an A-ASSOCIATE-RQ PDU body.
+
+    Items and user information sub-items of types pynetdicom does not know are skipped.
+
+    Raises
+    ------
+    ProtocolError
+        A malformed request (an even presentation context ID among them), reason 6.
+    """
     pdu = A_ASSOCIATE_RQ()
     try:
-        pdu.decode(bytes(_HEADER.pack(A_ASSOCIATE_RQ_TYPE, 0, len(body)) + body))
+        known = _known_items(body)
+        pdu.decode(bytes(_HEADER.pack(A_ASSOCIATE_RQ_TYPE, 0, len(known)) + known))
+        return pdu.to_primitive()
+    except ProtocolError:
+        raise
     except Exception as exc:
         raise ProtocolError(f"malformed A-ASSOCIATE-RQ: {exc}", REASON_INVALID_PARAMETER) from exc
-    return pdu.to_primitive()
+
+
+def _known_items(body: bytearray) -> bytearray:
+    """An A-ASSOCIATE-RQ body without the items and user sub-items of unknown types."""
+    known = body[:_FIXED_RQ_FIELDS]
+    for item_type, item in _items(body, _FIXED_RQ_FIELDS):
+        if item_type == _USER_INFORMATION_ITEM:
+            subs = b"".join(sub for sub_type, sub in _items(item, 4) if sub_type in _USER_SUB_ITEMS)
+            known += _ITEM_HEADER.pack(item_type, 0, len(subs)) + subs
+        elif item_type in _RQ_ITEMS:
+            known += item
+    return known
+
+
+def _items(data: bytes | bytearray, offset: int) -> Iterator[tuple[int, bytes | bytearray]]:
+    """The (type, whole item) of each variable item in ``data`` from ``offset``."""
+    while offset < len(data):
+        if offset + _ITEM_HEADER.size > len(data):
+            raise ProtocolError("A-ASSOCIATE-RQ ends inside an item header")
+        item_type, _, length = _ITEM_HEADER.unpack_from(data, offset)
+        end = offset + _ITEM_HEADER.size + length
+        if end > len(data):
+            raise ProtocolError(f"item 0x{item_type:02X} of {length} bytes overruns its PDU")
+        yield item_type, data[offset:end]
+        offset = end
 
 
 def encode_associate_ac(
@@ -257,7 +374,9 @@ def encode_release_rp() -> bytes:
     return _HEADER.pack(A_RELEASE_RP_TYPE, 0, 4) + bytes(4)
 
 
-def encode_abort(source: int = 0x02, reason: int = 0x00) -> bytes:
+def encode_abort(
+    source: int = SOURCE_SERVICE_PROVIDER, reason: int = REASON_NOT_SPECIFIED
+) -> bytes:
     """An A-ABORT PDU; source 2 is the service provider, reason 0 not specified."""
     return _HEADER.pack(A_ABORT_TYPE, 0, 4) + bytes((0, 0, source, reason))
 
