@@ -5,7 +5,9 @@ largest share of a receiver's Python time. This walks the top-level elements wit
 and decodes only the ones asked for. It covers the common case (little endian, sequences of defined
 length, a default, Latin-1 or UTF-8 character set, single values)
 and answers None for anything else, for which the caller reads the data set with pydicom.
-Results equal pydicom's (``tests/test_dicom_head.py`` compares them).
+Results equal pydicom's (``tests/test_dicom_head.py`` compares them). Bytes that pydicom would
+read otherwise than this, or not at all, are refused (``InvalidDataset``): VR bytes that are no
+VR, and first bytes that contradict the transfer syntax (``check_start``).
 """
 
 from __future__ import annotations
@@ -15,8 +17,13 @@ from collections.abc import Container
 from dataclasses import dataclass
 from typing import Any
 
+from pydicom import Dataset
 from pydicom.datadict import dictionary_VR, tag_for_keyword
-from pydicom.uid import ExplicitVRLittleEndian, ImplicitVRLittleEndian
+from pydicom.dataelem import RawDataElement
+from pydicom.uid import UID, ExplicitVRLittleEndian, ImplicitVRLittleEndian
+from pydicom.valuerep import VR
+
+from imaging_ai.errors import InvalidDataset
 
 PIXEL_DATA = 0x7FE00010
 UNDEFINED_LENGTH = 0xFFFFFFFF
@@ -41,6 +48,12 @@ LONG_VRS = frozenset(
         b"UV",
     }
 )
+# The VRs of PS3.5 (pydicom's table, so that both readers know the same ones).
+VRS = frozenset(vr.value.encode() for vr in VR if len(vr.value) == 2)
+# Bytes of an explicit VR element's tag, VR and length (12 for LONG_VRS), by its VR bytes.
+_HEADER_LENGTH = {vr: 12 if vr in LONG_VRS else 8 for vr in VRS}
+# A data set that starts with these is a Part-10 file: a 128-byte preamble and 'DICM'.
+START_BYTES = 132
 _TEXT_VRS = {
     "AE",
     "AS",
@@ -167,7 +180,10 @@ class Reader:
             if (group, element) != _ITEM or length == UNDEFINED_LENGTH:
                 return None
             end = offset + length
-            walked = _walk(data, explicit, offset, end, self._tags)
+            try:
+                walked = _walk(data, explicit, offset, end, self._tags)
+            except InvalidDataset:
+                return None  # pydicom reads an item that switched to implicit VR as such
             if walked is None or walked[1] != _NO_PIXEL_DATA:
                 return None
             values = self._decode_all(walked[0], encoding)
@@ -186,6 +202,8 @@ def _walk(
 
     None where pydicom must read the data set instead: an element of undefined length (a
     sequence to walk item by item), one cut off by ``end``, or one after Pixel Data's tag.
+    Explicit VR bytes that are no VR raise ``InvalidDataset``: pydicom would read that element
+    as implicit VR or fail on its value, so the two readers would disagree.
     One loop, no generator: a CT header has ~90 elements before Pixel Data, and a
     generator's step per element was half of the header's reading time.
     """
@@ -196,13 +214,15 @@ def _walk(
             return None
         if explicit:
             group, element, vr, length = _TAG_VR_LENGTH.unpack_from(data, offset)
-            if vr in LONG_VRS:
+            try:
+                header = _HEADER_LENGTH[vr]
+            except KeyError:
+                raise _unknown_vr(group << 16 | element, vr) from None
+            if header == 12:
                 if offset + 12 > end:
                     return None
                 (length,) = _LONG_LENGTH.unpack_from(data, offset + 8)
-                offset += 12
-            else:
-                offset += 8
+            offset += header
         else:
             group, element, length = _TAG_LENGTH.unpack_from(data, offset)
             offset += 8
@@ -215,6 +235,64 @@ def _walk(
             raw[tag] = data[offset : offset + length]
         offset += length
     return raw, _NO_PIXEL_DATA, 0
+
+
+def check_start(head: bytes | bytearray, syntax: str) -> None:
+    """Refuse a data set whose first bytes contradict its transfer syntax.
+
+    Parameters
+    ----------
+    head : bytes
+        The data set's first bytes (``START_BYTES`` of them, or all there are).
+    syntax : str
+        The transfer syntax of the presentation context it came on.
+
+    Raises
+    ------
+    InvalidDataset
+        It starts with a Part-10 preamble and 'DICM', or its first element is explicit VR on
+        an implicit VR transfer syntax, or the reverse. Explicit or implicit is decided by
+        pydicom's rule: bytes 4 and 5 are both capital letters in an explicit VR element.
+    """
+    uid = UID(syntax)
+    if not uid.is_transfer_syntax or uid.is_deflated or len(head) < 6:
+        return  # deflated bytes say nothing until inflated
+    if head[128:132] == b"DICM":
+        raise InvalidDataset("data set starts with a preamble and 'DICM' (a Part-10 file)")
+    explicit = 0x40 < head[4] < 0x5B and 0x40 < head[5] < 0x5B
+    if explicit and uid.is_implicit_VR:
+        raise InvalidDataset("data set is explicit VR but the transfer syntax is implicit VR")
+    if not explicit and not uid.is_implicit_VR:
+        raise InvalidDataset("data set is implicit VR but the transfer syntax is explicit VR")
+
+
+def check_vrs(ds: Dataset) -> None:
+    """Refuse a data set read by pydicom whose top-level explicit VR bytes are no VR.
+
+    The same refusal as the fast reader's, for the data sets pydicom reads instead.
+    Elements already decoded are not looked at (pydicom decoded them with a VR it knows).
+
+    Raises
+    ------
+    InvalidDataset
+        Naming the first element whose VR is unknown.
+    """
+    # Not `for elem in ds` (it decodes every element) nor ds.elements() (it reads deferred ones).
+    for tag in list(ds.keys()):
+        elem = ds.get_item(tag, keep_deferred=True)
+        if isinstance(elem, RawDataElement) and not elem.is_implicit_VR:
+            # None: pydicom took bytes that are not letters for a switch to implicit VR.
+            vr = None if elem.VR is None else elem.VR.encode("latin_1")
+            if vr not in VRS:
+                raise _unknown_vr(int(elem.tag), vr)
+
+
+def _unknown_vr(tag: int, vr: bytes | None) -> InvalidDataset:
+    """The refusal of an element whose VR bytes are no VR (None: not even letters)."""
+    shown = "that are not letters" if vr is None else repr(vr)
+    return InvalidDataset(
+        f"element ({tag >> 16:04X},{tag & 0xFFFF:04X}) has VR bytes {shown}, not a VR"
+    )
 
 
 def needed_bytes(source: Any) -> int:

@@ -404,15 +404,15 @@ class Receiver:
         self.spool.ensure_space()
         if header is None:
             ds = self._read_file(path)
-            _check_pixel_data_complete(pixel_facts(ds), path.stat().st_size)
+            dicom_head.check_vrs(ds)
+            _check_pixel_data_complete(pixel_facts(ds), path.stat().st_size, syntax)
             meta = self.header_meta(ds, syntax, peer.calling_ae)
         else:
-            _check_pixel_data_complete(header.pixel, header.size)
+            _check_pixel_data_complete(header.pixel, header.size, syntax)
             if isinstance(header.meta, InvalidDataset):
                 raise header.meta
             meta = header.meta
-        if meta.sop_class_uid != str(command.get("AffectedSOPClassUID", "")):
-            raise SOPClassMismatch("dataset SOP Class UID differs from the C-STORE request")
+        _check_command_uids(meta, command)
         relative = self.spool.relative_path(meta.study_uid, meta.series_uid, meta.sop_uid)
         size = path.stat().st_size if header is None else header.size + header.meta_length
         at = datetime.now(UTC)
@@ -574,6 +574,9 @@ class IncomingInstance:
         self._file: io.FileIO | None = None
         self._error: Exception | None = None
         self._head = bytearray()
+        # The first bytes are kept to check them; the header's, to read it from them.
+        self._head_limit = HEAD_BYTES if syntax in HEAD_SYNTAXES else dicom_head.START_BYTES
+        self._started = False  # the first bytes were checked (dicom_head.check_start)
         self._decoded: tuple[PixelFacts, InstanceMeta | InvalidDataset] | None = None
         self._meta_length = 0  # preamble and file meta, before the data set
         self._written = 0  # bytes in the file, file meta included
@@ -607,16 +610,32 @@ class IncomingInstance:
             self._fail(storage_error(exc, "a received instance"))
             return
         self._written += len(data)
-        if self._decoded is None and len(self._head) < HEAD_BYTES and self.syntax in HEAD_SYNTAXES:
-            self._head += data[: HEAD_BYTES - len(self._head)]
-            if PIXEL_DATA_MARK in self._head:
+        if self._decoded is None and len(self._head) < self._head_limit:
+            self._head += data[: self._head_limit - len(self._head)]
+            due = not self._started and len(self._head) >= dicom_head.START_BYTES
+            if due and not self._check_start():
+                return  # refused: the rest is dropped
+            if self.syntax in HEAD_SYNTAXES and PIXEL_DATA_MARK in self._head:
                 # Decoded now, while Pixel Data is still on the wire, not after the last byte.
                 self._decoded = self._decode_head(bytes(self._head))
 
+    def _check_start(self) -> bool:
+        """Check the data set's first bytes against its transfer syntax; False: refused."""
+        self._started = True
+        try:
+            dicom_head.check_start(self._head, self.syntax)
+        except InvalidDataset as exc:
+            self._fail(exc)
+            return False
+        return True
+
     def _decode_head(self, head: bytes) -> tuple[PixelFacts, InstanceMeta | InvalidDataset] | None:
+        unread = PixelFacts(None, None, 0)
         try:
             source: Dataset | HeadValues | None = self.receiver.head_reader.read(head, self.syntax)
-        except Exception:  # whatever it met, pydicom reads the data set instead
+        except InvalidDataset as exc:  # bytes that pydicom would read otherwise
+            return unread, exc
+        except Exception:  # whatever else it met, pydicom reads the data set instead
             source = None
         try:
             if source is not None:
@@ -625,9 +644,12 @@ class IncomingInstance:
                 source = read_header(head, self.syntax)
                 if source is None:
                     return None  # the mark was inside another value: the file is read at the end
+                dicom_head.check_vrs(source)
                 pixel = pixel_facts(source)
+        except InvalidDataset as exc:
+            return unread, exc
         except Exception as exc:  # an attribute that cannot be decoded: refused with it
-            return PixelFacts(None, None, 0), InvalidDataset(f"dataset cannot be decoded: {exc}")
+            return unread, InvalidDataset(f"dataset cannot be decoded: {exc}")
         try:
             return pixel, self.receiver.header_meta(source, self.syntax, self.peer.calling_ae)
         except InvalidDataset as exc:
@@ -635,6 +657,8 @@ class IncomingInstance:
 
     def finish(self) -> Dataset:
         """Flush the file to disk and keep it (rename, row); give the C-STORE status."""
+        if self._file is not None and not self._started:
+            self._check_start()  # a data set shorter than dicom_head.START_BYTES
         if self._file is None or self.path is None:
             return self.receiver.refuse(self._error or StorageError("nothing was received"))
         header = None
@@ -757,13 +781,30 @@ def pixel_facts(ds: Dataset) -> PixelFacts:
     return PixelFacts(getattr(elem, "value_tell", None), length, needed_bytes(ds))
 
 
-def _check_pixel_data_complete(pixel: PixelFacts, size: int) -> None:
-    """Refuse native Pixel Data shorter than its image attributes need, or past the end.
+def _check_command_uids(meta: InstanceMeta, command: Command | Dataset) -> None:
+    """Refuse a data set whose SOP Class or Instance UID is not the C-STORE request's.
+
+    The UIDs are not in the reason: it goes back to the sender and into the log.
+    """
+    if meta.sop_class_uid != str(command.get("AffectedSOPClassUID", "")):
+        raise SOPClassMismatch("dataset SOP Class UID differs from the C-STORE request")
+    if meta.sop_uid != str(command.get("AffectedSOPInstanceUID", "")):
+        # The file's meta (the command's UID) and the spool's path (the data set's) would
+        # name two different instances.
+        raise InvalidDataset("SOP Instance UID differs from the C-STORE request's")
+
+
+def _check_pixel_data_complete(pixel: PixelFacts, size: int, syntax: str) -> None:
+    """Refuse native Pixel Data of undefined length, shorter than its image attributes need,
+    or past the end.
 
     ``size`` is the length of what was read, in the coordinates of the element's position.
     Only the element's position and length are read, never the pixels.
     """
     length, tell = pixel.length, pixel.value_tell
+    if length == UNDEFINED_LENGTH and syntax in UNCOMPRESSED_SYNTAXES:
+        # Encapsulated (compressed) pixels on an uncompressed transfer syntax.
+        raise InvalidDataset("Pixel Data of undefined length on an uncompressed syntax")
     if length is None or length == UNDEFINED_LENGTH:
         return
     if tell is not None and tell + length > size:
