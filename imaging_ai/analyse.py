@@ -20,7 +20,7 @@ from imaging_ai.infer.base import Engine
 from imaging_ai.infer.ort import OrtOptions
 from imaging_ai.infer.select import load_engine, make_backend
 from imaging_ai.inputcheck import input_caveats
-from imaging_ai.lungs import largest_per_side
+from imaging_ai.lungs import lungs_only
 from imaging_ai.modelcard import ModelCard, discover_models
 from imaging_ai.postprocess import (
     LEFT_LUNG,
@@ -113,7 +113,8 @@ def run_model(model: LoadedModel, volume: Volume) -> Iterator[tuple[slice, NDArr
 
 
 def lung_labels(model: LoadedModel, volume: Volume) -> NDArray[np.uint8]:
-    """Right/left lung map (RIGHT_LUNG, LEFT_LUNG) from a segmentation model, by SNOMED code."""
+    """Right/left lung map (RIGHT_LUNG, LEFT_LUNG) from a segmentation model, by SNOMED code,
+    without the central airways (:func:`imaging_ai.lungs.lungs_only`)."""
     by_code = {RIGHT_LUNG_CODE: RIGHT_LUNG, LEFT_LUNG_CODE: LEFT_LUNG}
     remap = np.zeros(256, np.uint8)
     for label in model.card.labels:
@@ -122,7 +123,7 @@ def lung_labels(model: LoadedModel, volume: Volume) -> NDArray[np.uint8]:
     if not remap.any():
         raise ModelError(f"model {model.card.name} has no right or left lung label")
     labels = labels_on_volume_grid(model_outputs(model, volume), model.card, volume, remap)
-    return largest_per_side(labels)
+    return lungs_only(labels, volume)
 
 
 def detection_probabilities(model: LoadedModel, volume: Volume) -> NDArray[np.float32]:
