@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Protocol, cast
+from typing import Any, Protocol
 
 from pydicom import Dataset
 from pynetdicom.presentation import PresentationContext, negotiate_as_acceptor
@@ -135,8 +135,30 @@ _READS: dict[State, frozenset[int]] = {
     State.STA6: frozenset({dul.P_DATA_TF_TYPE, dul.A_RELEASE_RQ_TYPE, dul.A_ABORT_TYPE}),
     State.STA13: frozenset(dul.PDU_TYPES),
 }
-# What an event brings its action: a received PDU's body, a PDU to send, the error.
+# What an event brings its action: a received PDU's body, a PDU to send, the error, or None.
 _Input = memoryview | bytes | dul.ProtocolError | None
+# Each action's method; an action is called with its event's input (see each method).
+_METHODS = {
+    Action.AE_6: "_ae_6",
+    Action.AE_7: "_ae_7",
+    Action.AE_8: "_ae_8",
+    Action.DT_2: "_dt_2",
+    Action.AR_2: "_ar_2",
+    Action.AR_4: "_ar_4",
+    Action.AR_5: "_closed",
+    Action.AA_1: "_aa_1",
+    Action.AA_2: "_closed",
+    Action.AA_3: "_aa_3",
+    Action.AA_4: "_aa_4",
+    Action.AA_5: "_aa_5",
+    Action.AA_6: "_aa_6",
+    Action.AA_7: "_aa_7",
+    Action.AA_8: "_aa_8",
+}
+# States whose next event is not the next PDU: local primitives, or Sta13's wait.
+_NOT_READING = frozenset({State.STA3, State.STA8, State.STA13})
+_ENDED = frozenset({State.STA1})
+_NEGOTIATED = frozenset({State.STA1, State.STA6, State.STA13})
 
 
 @dataclass(frozen=True)
@@ -297,28 +319,15 @@ class Association:
         self._request: dul.Command | None = None
         self._request_context = 0
         self._incoming: Incoming | None = None
-        self._actions: dict[Action, Callable[[_Input], State]] = {
-            Action.AE_6: self._ae_6,
-            Action.AE_7: self._ae_7,
-            Action.AE_8: self._ae_8,
-            Action.DT_2: self._dt_2,
-            Action.AR_2: self._ar_2,
-            Action.AR_4: self._ar_4,
-            Action.AR_5: self._closed,
-            Action.AA_1: self._aa_1,
-            Action.AA_2: self._closed,
-            Action.AA_3: self._aa_3,
-            Action.AA_4: self._aa_4,
-            Action.AA_5: self._aa_5,
-            Action.AA_6: self._aa_6,
-            Action.AA_7: self._aa_7,
-            Action.AA_8: self._aa_8,
+        # TRANSITIONS with each action as this association's method: one lookup per PDU.
+        self._transitions: dict[tuple[State, Event], Callable[[Any], State]] = {
+            key: getattr(self, _METHODS[action]) for key, action in TRANSITIONS.items()
         }
 
     def run(self) -> None:
         """Run the state machine from Sta2 until Sta1, when the connection can close."""
         try:
-            self._run_while(lambda state: state is not State.STA1)
+            self._run_until(_ENDED)
         except OSError as exc:  # a send failed: the transport connection is gone
             log.warning("association with %s ended: %s", self.address, exc)
         finally:
@@ -326,19 +335,19 @@ class Association:
 
     def _negotiate(self) -> bool:
         """Run Sta2 and Sta3: whether the association is established (Sta6)."""
-        self._run_while(lambda state: state in (State.STA2, State.STA3))
+        self._run_until(_NEGOTIATED)
         return self.state is State.STA6
 
-    def _run_while(self, going: Callable[[State], bool]) -> None:
-        while going(self.state):
-            event, data = self._next_event()
+    def _run_until(self, states: frozenset[State]) -> None:
+        while self.state not in states:
+            event, data = self._local_event() if self.state in _NOT_READING else self._receive()
             try:
-                self.state = self._actions[TRANSITIONS[self.state, event]](data)
+                self.state = self._transitions[self.state, event](data)
             except dul.ProtocolError as exc:  # AE-6 or DT-2 found the PDU invalid
-                self.state = self._actions[TRANSITIONS[self.state, Event.EVT19]](exc)
+                self.state = self._transitions[self.state, Event.EVT19](exc)
 
-    def _next_event(self) -> tuple[Event, _Input]:
-        """The next event: a local primitive in Sta3 and Sta8, else from the connection."""
+    def _local_event(self) -> tuple[Event, _Input]:
+        """A local primitive in Sta3 and Sta8; in Sta13, the peer's close or ARTIM's end."""
         if self.state is State.STA3:
             return self._associate_response()
         if self.state is State.STA8:
@@ -413,10 +422,10 @@ class Association:
 
     # Actions, PS3.8 Table 9-10: each returns the next state.
 
-    def _ae_6(self, body: _Input) -> State:
+    def _ae_6(self, body: memoryview) -> State:
         if self.ticket is not None and not self.ticket.settle():
             return State.STA1  # its ARTIM ran out meanwhile: the gate has closed it (AA-2)
-        offer = _answer(bytes(cast(memoryview, body)), self.acceptor)
+        offer = _answer(bytes(body), self.acceptor)
         self._offer = offer
         self.peer = Peer(offer.calling_ae, offer.called_ae, self.address)
         if offer.refused is not None and offer.refused[1] == _SOURCE_ACSE:
@@ -424,43 +433,43 @@ class Association:
             return self._ae_8(dul.encode_associate_rj(*offer.refused))
         return State.STA3
 
-    def _ae_7(self, pdu: _Input) -> State:
+    def _ae_7(self, pdu: bytes) -> State:
         assert self._offer is not None
         self.contexts = self._offer.contexts
         self._abstract_syntaxes = self._offer.abstract_syntaxes
-        self.sock.sendall(cast(bytes, pdu))
+        self.sock.sendall(pdu)
         return State.STA6
 
-    def _ae_8(self, pdu: _Input) -> State:
-        self.sock.sendall(cast(bytes, pdu))
+    def _ae_8(self, pdu: bytes) -> State:
+        self.sock.sendall(pdu)
         return self._start_artim()
 
-    def _dt_2(self, body: _Input) -> State:
-        self._on_p_data(cast(memoryview, body))
+    def _dt_2(self, body: memoryview) -> State:
+        self._on_p_data(body)
         return State.STA6
 
-    def _ar_2(self, body: _Input) -> State:
+    def _ar_2(self, body: memoryview) -> State:
         return State.STA8
 
-    def _ar_4(self, pdu: _Input) -> State:
-        self.sock.sendall(cast(bytes, pdu))
+    def _ar_4(self, pdu: bytes) -> State:
+        self.sock.sendall(pdu)
         return self._start_artim()
 
-    def _aa_1(self, cause: _Input) -> State:
+    def _aa_1(self, cause: dul.ProtocolError | None) -> State:
         """Send A-ABORT, (re)start ARTIM.
 
         PS3.8 names the service-user source; when the provider found the PDU at fault it
         says so (source 2), for the peer to learn the reason.
         """
-        if isinstance(cause, dul.ProtocolError):
+        if cause is not None:
             self._log_abort(cause)
             self._send_quietly(dul.encode_abort(dul.SOURCE_SERVICE_PROVIDER, cause.reason))
         else:
             self._send_quietly(dul.encode_abort(dul.SOURCE_SERVICE_USER, 0))
         return self._start_artim()
 
-    def _aa_3(self, body: _Input) -> State:
-        raw = bytes(cast(memoryview, body))
+    def _aa_3(self, body: memoryview) -> State:
+        raw = bytes(body)
         log.warning(
             "association with %s aborted by the peer (source %d, reason %d)",
             self.address,
@@ -469,11 +478,11 @@ class Association:
         )
         return State.STA1
 
-    def _aa_4(self, cause: _Input) -> State:
+    def _aa_4(self, cause: dul.ProtocolError) -> State:
         log.warning("association with %s ended: %s", self.address, cause)
         return State.STA1
 
-    def _aa_5(self, cause: _Input) -> State:
+    def _aa_5(self, cause: dul.ProtocolError) -> State:
         if self.ticket is None or not self.ticket.closed:  # else the gate logged why
             log.info("connection from %s closed before an A-ASSOCIATE-RQ", self.address)
         return State.STA1
@@ -486,8 +495,7 @@ class Association:
         self._send_quietly(dul.encode_abort(dul.SOURCE_SERVICE_PROVIDER, reason))
         return State.STA13
 
-    def _aa_8(self, cause: _Input) -> State:
-        assert isinstance(cause, dul.ProtocolError)
+    def _aa_8(self, cause: dul.ProtocolError) -> State:
         self._log_abort(cause)
         self._send_quietly(dul.encode_abort(dul.SOURCE_SERVICE_PROVIDER, cause.reason))
         return self._start_artim()
