@@ -86,3 +86,58 @@ def test_a_long_pdu_arrives_whole_across_buffer_growth() -> None:
         sender.join()
         assert pdu_type == dul.P_DATA_TF_TYPE
         assert [bytes(p.data) for p in dul.iter_pdvs(body)] == [payload]
+
+
+def test_the_body_of_a_pdu_refused_by_its_header_is_skipped_to_the_next_pdu() -> None:
+    ours, theirs = socket.socketpair()
+    with ours, theirs:
+        theirs.sendall(struct.pack(">BBL", 0x08, 0, 5) + b"hello" + struct.pack(">BBL", 7, 0, 4))
+        theirs.sendall(bytes(4))
+        reader = dul.PduReader(ours)
+        with pytest.raises(dul.ProtocolError) as raised:
+            reader.read(MAX_PDU)
+        assert (raised.value.reason, reader.unread) == (dul.REASON_UNRECOGNIZED_PDU, 5)
+        reader.skip_unread()
+        assert reader.read(MAX_PDU)[0] == dul.A_ABORT_TYPE
+
+
+def test_an_unexpected_pdu_says_its_type() -> None:
+    with pytest.raises(dul.UnexpectedPdu) as raised:
+        dul.check_pdu(dul.A_RELEASE_RP_TYPE, 4, MAX_PDU, expected={dul.P_DATA_TF_TYPE})
+    assert raised.value.pdu_type == dul.A_RELEASE_RP_TYPE
+
+
+def test_a_silent_peer_is_an_idle_timeout_and_a_closed_one_a_closed_connection() -> None:
+    ours, theirs = socket.socketpair()
+    with ours, theirs:
+        ours.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, struct.pack("@ll", 0, 100_000))
+        with pytest.raises(dul.IdleTimeout) as raised:
+            dul.PduReader(ours).read(MAX_PDU)
+        assert raised.value.reason == dul.REASON_NOT_SPECIFIED
+        theirs.close()
+        with pytest.raises(dul.ConnectionClosed):
+            dul.PduReader(ours).read(MAX_PDU)
+
+
+@pytest.mark.parametrize(
+    ("field", "valid"),
+    [
+        (b"PACS            ", True),
+        (b"  PACS          ", True),
+        (b"A" * 16, True),
+        (b" " * 16, False),
+        (b"PACS" + b"\x00" * 12, False),
+        (b"PA\\CS           ", False),
+        (b"PACS\x7f           ", False),
+        (b"PACS", False),
+    ],
+)
+def test_ae_title_fields(field: bytes, valid: bool) -> None:
+    assert dul.is_ae_title(field) is valid
+
+
+@pytest.mark.parametrize(
+    ("version", "supported"), [(b"\x00\x01", True), (b"\x00\x03", True), (b"\x00\x02", False)]
+)
+def test_protocol_version_1_is_bit_0(version: bytes, supported: bool) -> None:
+    assert dul.supports_protocol_version_1(version + bytes(66)) is supported
