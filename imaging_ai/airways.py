@@ -20,8 +20,8 @@ model, by following that column slice by slice from head to feet:
    through a thin wall or emphysema, not airway: it is not taken, and that branch ends.
 
 The mask is the lumen grown in-plane by :data:`RIM_MM` into voxels still below :data:`RIM_HU`
-(the partial-volume rim a lung model also calls lung). Its cost is a few tens of milliseconds: it
-looks only at small windows around the airway.
+(the partial-volume rim a lung model also calls lung). It looks only at windows around the
+airway: 0.4 to 0.5 s a study on two cores (LIDC-IDRI-0001, RIDER Lung CT, a 300-slice phantom).
 """
 
 from __future__ import annotations
