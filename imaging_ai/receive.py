@@ -61,6 +61,7 @@ from imaging_ai.errors import (
     StartupError,
     StorageError,
 )
+from imaging_ai.redact import exception_text
 from imaging_ai.spool import Spool, check_uid, start_writeback, storage_error, write_all
 
 log = logging.getLogger(__name__)
@@ -509,7 +510,7 @@ class Receiver:
             # Values over 1 KB (Pixel Data) are not read, only located.
             return dcmread(path, defer_size=1024)
         except Exception as exc:
-            raise InvalidDataset(f"dataset cannot be decoded: {exc}") from exc
+            raise InvalidDataset(f"dataset cannot be decoded: {exception_text(exc)}") from exc
 
     def header_meta(self, ds: Dataset | HeadValues, syntax: str, calling_ae: str) -> InstanceMeta:
         """What the catalog keeps of a data set's header.
@@ -524,7 +525,7 @@ class Receiver:
         except InvalidDataset:
             raise
         except Exception as exc:
-            raise InvalidDataset(f"dataset cannot be decoded: {exc}") from exc
+            raise InvalidDataset(f"dataset cannot be decoded: {exception_text(exc)}") from exc
 
     def _ended(self, released: bool) -> None:
         """An association ended: a release tells the catalog its studies' sender is done.
@@ -649,7 +650,7 @@ class IncomingInstance:
         except InvalidDataset as exc:
             return unread, exc
         except Exception as exc:  # an attribute that cannot be decoded: refused with it
-            return unread, InvalidDataset(f"dataset cannot be decoded: {exc}")
+            return unread, InvalidDataset(f"dataset cannot be decoded: {exception_text(exc)}")
         try:
             return pixel, self.receiver.header_meta(source, self.syntax, self.peer.calling_ae)
         except InvalidDataset as exc:

@@ -72,7 +72,10 @@ def check_uid(uid: str, what: str) -> str:
         Naming which UID is malformed; this also keeps path traversal out of the spool.
     """
     if not uid or len(uid) > 64 or not _UID_RE.match(uid):
-        raise InvalidDataset(f"{what} {uid!r} is not a valid DICOM UID")
+        # The value is shown only while it looks like a UID: a damaged one can run on into
+        # the next elements' bytes (a patient's name among them).
+        shown = repr(uid) if re.fullmatch(r"[0-9.]{0,64}", uid) else f"of {len(uid)} characters"
+        raise InvalidDataset(f"{what} {shown} is not a valid DICOM UID")
     return uid
 
 

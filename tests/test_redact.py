@@ -37,6 +37,10 @@ def daemon_log() -> Iterator[io.StringIO]:
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("always")
+            # An earlier test's setup_logging may have left warnings captured: then
+            # captureWarnings(True) is a no-op and pytest's per-test recorder, installed since,
+            # would take the warning instead of logging.
+            logging.captureWarnings(False)
             setup_logging("INFO")
             try:
                 yield stream
@@ -124,3 +128,15 @@ def test_log_messages(text: str, expected: str) -> None:
 
 def test_an_exception_has_every_quoted_value_redacted() -> None:
     assert exception_text(KeyError("Doe")) == f"'{REDACTED}'"
+
+
+def test_a_damaged_uid_is_not_quoted_in_the_refusal() -> None:
+    from imaging_ai.errors import InvalidDataset
+    from imaging_ai.spool import check_uid
+
+    with pytest.raises(InvalidDataset) as refused:
+        check_uid("4.0\x10\x00 \x00LO\n\x00TEST-ID-1 ", "SOPInstanceUID")
+    assert "TEST-ID" not in str(refused.value)
+    assert "of 21 characters" in str(refused.value)
+    with pytest.raises(InvalidDataset, match=r"'1\.2\.\.3'"):
+        check_uid("1.2..3", "SOPInstanceUID")  # looks like a UID: shown, to be found
