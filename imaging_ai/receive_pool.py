@@ -39,6 +39,7 @@ _READY_TIMEOUT_S = 30.0
 _ACCEPT_RETRY_S = (0.05, 1.0)
 # accept() errors that mean the listener itself is unusable, not that resources ran short.
 _LISTENER_BROKEN = {errno.EBADF, errno.EINVAL, errno.ENOTSOCK, errno.EOPNOTSUPP}
+_OUT_OF_DESCRIPTORS = {errno.EMFILE, errno.ENFILE}
 
 
 def receiver_count(config: Config) -> int:
@@ -240,16 +241,19 @@ class ReceiverPool:
             listener.settimeout(_ACCEPT_POLL_S)
         except OSError:
             return  # stop() closed it before this thread ran
+        spare = _Spare()
         while self._listener is listener:
             try:
-                conn, address = listener.accept()
+                conn, address = spare.accept(listener)
             except TimeoutError:
                 continue
             except OSError as exc:
                 if self._listener is not listener:
+                    spare.close()
                     return  # closed by stop()
                 if exc.errno in _LISTENER_BROKEN:
                     self._accept_trouble.failed(f"listener broken: {exc}")
+                    spare.close()
                     return
                 # Out of descriptors (EMFILE, ENFILE), memory or buffers: retry, not stop.
                 time.sleep(self._accept_trouble.failed(_strerror(exc), _ACCEPT_RETRY_S))
@@ -261,6 +265,7 @@ class ReceiverPool:
                 log.exception("DICOM port: cannot hand a connection over; it is closed")
             finally:
                 conn.close()  # the receiver holds its own duplicate now
+                spare.refill()
 
     def _hand_over(self, conn: socket.socket, address: str) -> None:
         """Give a connection to the live receiver with the fewest associations."""
@@ -283,6 +288,49 @@ class ReceiverPool:
                     link.load.value -= 1
                 log.error("receiver %s cannot take a connection: %s", proc.name, exc)
         self._no_receiver.failed("no DICOM receiver process running; connections are closed")
+
+
+class _Spare:
+    """A descriptor held in reserve for the DICOM port's accept().
+
+    When an HTTP flood (or anything else in the process) has taken every descriptor, accept()
+    fails with EMFILE and a PACS could not connect until the flood is over. The spare is
+    closed for one accept() and taken again once the connection is handed over (its own
+    descriptor then closed), so DICOM ingest keeps one descriptor that HTTP cannot take.
+    Another thread may still win the freed number; then accept() fails as before and is retried.
+    """
+
+    def __init__(self) -> None:
+        self._fd = self._open()
+
+    @staticmethod
+    def _open() -> int | None:
+        try:
+            return os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            return None
+
+    def accept(self, listener: socket.socket) -> tuple[socket.socket, tuple[str, int]]:
+        """``listener.accept()``, with the spare given up for it when descriptors ran out."""
+        self.refill()
+        try:
+            return listener.accept()
+        except OSError as exc:
+            if exc.errno not in _OUT_OF_DESCRIPTORS or self._fd is None:
+                raise
+        self.close()
+        return listener.accept()  # taken again at the next accept
+
+    def refill(self) -> None:
+        """Take the spare again if it was given up (right after a connection's descriptor was
+        closed, its number is the likeliest to be free)."""
+        if self._fd is None:
+            self._fd = self._open()
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
 
 
 class _Trouble:

@@ -4,6 +4,7 @@ and /metrics say meanwhile."""
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import logging
 import os
@@ -162,9 +163,36 @@ def test_accept_out_of_descriptors_is_retried_and_logged_once(
     assert left["failures"] == 0
     failing = [r for r in caplog.records if "accept() failing" in r.getMessage()]
     assert len(failing) == 1 and "EMFILE" in failing[0].getMessage()
-    again = [r for r in caplog.records if "working again after 200 failure(s)" in r.getMessage()]
+    # Each attempt calls accept() twice: once more with the spare descriptor given up.
+    again = [r for r in caplog.records if "working again after 100 failure(s)" in r.getMessage()]
     assert len(again) == 1
     assert pool.can_accept() == "ok"
+
+
+def test_accept_with_every_descriptor_taken_uses_the_spare(pool: ReceiverPool) -> None:
+    """Every descriptor of the acceptor's process taken (what an HTTP flood does): a PACS still
+    gets its association, through the descriptor the acceptor holds in reserve."""
+    from tests.reliability.attacks import associate_rq, read_pdu
+
+    client = socket.socket()  # made first: connecting needs no new descriptor
+    client.settimeout(10)
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    held: list[int] = []
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (len(os.listdir("/proc/self/fd")) + 8, hard))
+        with contextlib.suppress(OSError):
+            while True:
+                held.append(os.open(os.devnull, os.O_RDONLY))
+        client.connect(("127.0.0.1", pool.port))
+        client.sendall(associate_rq(called=CALLED, abstract_syntax=Verification))
+        answer = read_pdu(client)
+    finally:
+        for fd in held:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+        client.close()
+    assert held, "no descriptor was left to take: the test did not exhaust them"
+    assert answer is not None and answer[0] == 0x02  # A-ASSOCIATE-AC
 
 
 def test_a_receiver_out_of_descriptors_closes_the_connection_and_lives(
