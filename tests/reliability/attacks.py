@@ -444,12 +444,20 @@ def http_flood(target: Target) -> Verdict:
     fds = [int(fd) for fd in os.listdir(f"/proc/{target.pid}/fd")]
     resource.prlimit(target.pid, resource.RLIMIT_NOFILE, (max(fds) + 1 + 40, hard))
     socks = []
+    # pynetdicom waits on its socket with select(), which fails for descriptors past 1023
+    # (FD_SETSIZE): low numbers are held while the flood's sockets are made, then freed for it.
+    low = [os.open(os.devnull, os.O_RDONLY) for _ in range(8)]
     try:
         for _ in range(150 * target.scale):
             socks.append(socket.create_connection(("127.0.0.1", target.http_port), timeout=5))
+        for fd in low:
+            os.close(fd)
+        low = []
         status = echo(target)
     finally:
         resource.prlimit(target.pid, resource.RLIMIT_NOFILE, (soft, hard))
+        for fd in low:
+            os.close(fd)
         for s in socks:
             s.close()
     deadline = time.monotonic() + target.header_timeout_s + 10
