@@ -1,18 +1,17 @@
 """Takes the first bytes of a C-STORE data set and gives the few attributes the receiver keeps.
 
 pydicom's ``read_dataset`` and attribute access cost about 0.45 ms of CPU per CT image, the
-largest share of a receiver's Python time. This walks the top-level elements with ``struct``
-and decodes only the ones asked for. It covers the common case (little endian, sequences of defined
-length, a default, Latin-1 or UTF-8 character set, single values)
-and answers None for anything else, for which the caller reads the data set with pydicom.
-Results equal pydicom's (``tests/test_dicom_head.py`` compares them). Bytes that pydicom would
-read otherwise than this, or not at all, are refused (``InvalidDataset``): VR bytes that are no
-VR, and first bytes that contradict the transfer syntax (``check_start``).
+largest share of a receiver's Python time. This walks the top-level elements with the byte codec
+(``imaging_ai.dicom.codec``) and decodes only the ones asked for. It covers the common case
+(little endian, sequences of defined length, a default, Latin-1 or UTF-8 character set, single
+values) and answers None for anything else, for which the caller reads the data set with
+pydicom. Results equal pydicom's (``tests/test_dicom_head.py`` compares them). Bytes that
+pydicom would read otherwise than this, or not at all, are refused (``InvalidDataset``): VR
+bytes that are no VR, and first bytes that contradict the transfer syntax (``check_start``).
 """
 
 from __future__ import annotations
 
-import struct
 from collections.abc import Container
 from dataclasses import dataclass
 from typing import Any
@@ -21,61 +20,17 @@ from pydicom import Dataset
 from pydicom.datadict import dictionary_VR, tag_for_keyword
 from pydicom.dataelem import RawDataElement
 from pydicom.uid import UID, ExplicitVRLittleEndian, ImplicitVRLittleEndian
-from pydicom.valuerep import VR
 
+from imaging_ai.dicom import codec
+from imaging_ai.dicom.codec import PIXEL_DATA, UNDEFINED_LENGTH, UnknownVR
 from imaging_ai.errors import InvalidDataset
 
-PIXEL_DATA = 0x7FE00010
-UNDEFINED_LENGTH = 0xFFFFFFFF
+__all__ = ["PIXEL_DATA", "UNDEFINED_LENGTH", "HeadValues", "PixelFacts", "Reader"]
+
 _NO_PIXEL_DATA = -1  # `_walk` met no Pixel Data
-_SPECIFIC_CHARACTER_SET = 0x00080005
 _REQUEST_ATTRIBUTES_SEQUENCE = 0x00400275
-# Explicit VR little endian: these VRs have two reserved bytes and a 4-byte length.
-LONG_VRS = frozenset(
-    {
-        b"OB",
-        b"OD",
-        b"OF",
-        b"OL",
-        b"OV",
-        b"OW",
-        b"SQ",
-        b"SV",
-        b"UC",
-        b"UN",
-        b"UR",
-        b"UT",
-        b"UV",
-    }
-)
-# The VRs of PS3.5 (pydicom's table, so that both readers know the same ones).
-VRS = frozenset(vr.value.encode() for vr in VR if len(vr.value) == 2)
-# Bytes of an explicit VR element's tag, VR and length (12 for LONG_VRS), by its VR bytes.
-_HEADER_LENGTH = {vr: 12 if vr in LONG_VRS else 8 for vr in VRS}
 # A data set that starts with these is a Part-10 file: a 128-byte preamble and 'DICM'.
-START_BYTES = 132
-_TEXT_VRS = {
-    "AE",
-    "AS",
-    "CS",
-    "DA",
-    "DT",
-    "LO",
-    "LT",
-    "PN",
-    "SH",
-    "ST",
-    "TM",
-    "UC",
-    "UI",
-    "UR",
-    "UT",
-}
-_CHARSETS = {"": "iso8859", "ISO_IR 6": "iso8859", "ISO_IR 100": "latin_1", "ISO_IR 192": "UTF8"}
-_TAG_LENGTH = struct.Struct("<HHL")
-_ITEM = (0xFFFE, 0xE000)
-_TAG_VR_LENGTH = struct.Struct("<HH2sH")
-_LONG_LENGTH = struct.Struct("<L")
+START_BYTES = codec.PREAMBLE_BYTES
 # The attributes of the image that say how long Pixel Data must be.
 _IMAGE_KEYWORDS = ("Rows", "Columns", "NumberOfFrames", "BitsAllocated", "SamplesPerPixel")
 
@@ -119,7 +74,10 @@ class Reader:
                 raise ValueError(f"{keyword!r} is not a DICOM keyword")
             self._tags[tag] = (keyword, dictionary_VR(tag))
         # Elements whose bytes `read` keeps: the wanted ones and those that say how to decode.
-        self._kept = frozenset(self._tags) | {_SPECIFIC_CHARACTER_SET, _REQUEST_ATTRIBUTES_SEQUENCE}
+        self._kept = frozenset(self._tags) | {
+            codec.SPECIFIC_CHARACTER_SET,
+            _REQUEST_ATTRIBUTES_SEQUENCE,
+        }
 
     def read(self, head: bytes, syntax: str) -> HeadValues | None:
         """The attributes before Pixel Data in ``head``, or None where pydicom must read it."""
@@ -136,10 +94,10 @@ class Reader:
         return self._values(raw, explicit, value_tell, length)
 
     def _values(
-        self, raw: dict[int, bytes], explicit: bool, value_tell: int, length: int
+        self, raw: dict[int, codec.Element], explicit: bool, value_tell: int, length: int
     ) -> HeadValues | None:
-        charset = raw.pop(_SPECIFIC_CHARACTER_SET, b"").decode("ascii", "replace").strip(" \0")
-        encoding = _CHARSETS.get(charset)
+        charset = raw.pop(codec.SPECIFIC_CHARACTER_SET, None)
+        encoding = codec.charset_encoding(None if charset is None else charset[2])
         if encoding is None:
             return None
         values = self._decode_all(raw, encoding)
@@ -147,7 +105,7 @@ class Reader:
         if values is None:
             return None
         if sequence is not None:
-            items = self._items(sequence, explicit, encoding)
+            items = self._items(sequence[2], explicit, encoding)
             if items is None:
                 return None
             values["RequestAttributesSequence"] = items
@@ -155,9 +113,9 @@ class Reader:
         head.pixel = PixelFacts(value_tell, length, needed_bytes(head))
         return head
 
-    def _decode_all(self, raw: dict[int, bytes], encoding: str) -> dict[str, Any] | None:
+    def _decode_all(self, raw: dict[int, codec.Element], encoding: str) -> dict[str, Any] | None:
         values: dict[str, Any] = {}
-        for tag, data in raw.items():
+        for tag, (_, _, data) in raw.items():
             if tag not in self._tags:
                 continue
             keyword, vr = self._tags[tag]
@@ -173,15 +131,15 @@ class Reader:
         items: list[HeadValues] = []
         offset = 0
         while offset < len(data):
-            if offset + 8 > len(data):
+            found = codec.element_at(data, offset, len(data), explicit=False)  # item tags: no VR
+            if found is None:
                 return None
-            group, element, length = _TAG_LENGTH.unpack_from(data, offset)
-            offset += 8
-            if (group, element) != _ITEM or length == UNDEFINED_LENGTH:
+            tag, _, start, length = found
+            if tag != codec.ITEM or length == UNDEFINED_LENGTH:
                 return None
-            end = offset + length
+            end = start + length
             try:
-                walked = _walk(data, explicit, offset, end, self._tags)
+                walked = _walk(data, explicit, start, end, self._tags)
             except InvalidDataset:
                 return None  # pydicom reads an item that switched to implicit VR as such
             if walked is None or walked[1] != _NO_PIXEL_DATA:
@@ -196,45 +154,28 @@ class Reader:
 
 def _walk(
     data: bytes, explicit: bool, start: int, end: int, kept: Container[int]
-) -> tuple[dict[int, bytes], int, int] | None:
+) -> tuple[dict[int, codec.Element], int, int] | None:
     """The values of the ``kept`` elements from ``start`` to ``end``, then where Pixel Data's
     value starts and its length (``_NO_PIXEL_DATA``, 0 when the range ends without it).
 
     None where pydicom must read the data set instead: an element of undefined length (a
     sequence to walk item by item), one cut off by ``end``, or one after Pixel Data's tag.
-    Explicit VR bytes that are no VR raise ``InvalidDataset``: pydicom would read that element
-    as implicit VR or fail on its value, so the two readers would disagree.
-    One loop, no generator: a CT header has ~90 elements before Pixel Data, and a
-    generator's step per element was half of the header's reading time.
+    Explicit VR bytes that are no VR raise ``InvalidDataset`` (``codec.UnknownVR``): pydicom
+    would read that element as implicit VR or fail on its value, so the two readers would
+    disagree.
     """
-    raw: dict[int, bytes] = {}
-    offset = start
-    while offset < end:
-        if offset + 8 > end:
-            return None
-        if explicit:
-            group, element, vr, length = _TAG_VR_LENGTH.unpack_from(data, offset)
-            try:
-                header = _HEADER_LENGTH[vr]
-            except KeyError:
-                raise _unknown_vr(group << 16 | element, vr) from None
-            if header == 12:
-                if offset + 12 > end:
-                    return None
-                (length,) = _LONG_LENGTH.unpack_from(data, offset + 8)
-            offset += header
-        else:
-            group, element, length = _TAG_LENGTH.unpack_from(data, offset)
-            offset += 8
-        tag = group << 16 | element
-        if tag == PIXEL_DATA:
-            return raw, offset, length
-        if length == UNDEFINED_LENGTH or tag > PIXEL_DATA or offset + length > end:
-            return None
-        if tag in kept:
-            raw[tag] = data[offset : offset + length]
-        offset += length
-    return raw, _NO_PIXEL_DATA, 0
+    walked = codec.walk(data, start, end, explicit=explicit, kept=kept, stop=PIXEL_DATA)
+    if walked is None:
+        return None
+    if walked.stop < 0:
+        return walked.elements, _NO_PIXEL_DATA, 0
+    if walked.stop_tag != PIXEL_DATA:
+        return None
+    found = codec.element_at(data, walked.stop, end, explicit=explicit)
+    if found is None:
+        return None
+    _, _, value_tell, length = found
+    return walked.elements, value_tell, length
 
 
 def check_start(head: bytes | bytearray, syntax: str) -> None:
@@ -283,16 +224,8 @@ def check_vrs(ds: Dataset) -> None:
         if isinstance(elem, RawDataElement) and not elem.is_implicit_VR:
             # None: pydicom took bytes that are not letters for a switch to implicit VR.
             vr = None if elem.VR is None else elem.VR.encode("latin_1")
-            if vr not in VRS:
-                raise _unknown_vr(int(elem.tag), vr)
-
-
-def _unknown_vr(tag: int, vr: bytes | None) -> InvalidDataset:
-    """The refusal of an element whose VR bytes are no VR (None: not even letters)."""
-    shown = "that are not letters" if vr is None else repr(vr)
-    return InvalidDataset(
-        f"element ({tag >> 16:04X},{tag & 0xFFFF:04X}) has VR bytes {shown}, not a VR"
-    )
+            if vr not in codec.VRS:
+                raise UnknownVR(int(elem.tag), vr)
 
 
 def needed_bytes(source: Any) -> int:
@@ -305,6 +238,8 @@ def needed_bytes(source: Any) -> int:
 
 
 _UNREADABLE = object()
+# Text decoded here as pydicom gives it (a str); DS (pydicom's DSfloat) is left to pydicom.
+_TEXT_VRS = codec.TEXT_VRS - {"DS", "IS"}
 
 
 def _decode(data: bytes, vr: str, encoding: str) -> Any:
@@ -312,7 +247,8 @@ def _decode(data: bytes, vr: str, encoding: str) -> Any:
     if vr == "US":
         if len(data) == 0:
             return None
-        return struct.unpack("<H", data)[0] if len(data) == 2 else _UNREADABLE
+        value = codec.number(data, "US")
+        return _UNREADABLE if value is None else value
     if vr == "IS":
         text = data.decode("ascii", "replace").strip(" \0")
         if not text:

@@ -28,6 +28,7 @@ from pynetdicom.pdu_primitives import (
 from pynetdicom.presentation import PresentationContext
 
 from imaging_ai import __version__
+from imaging_ai.dicom import codec
 
 # PDU types, PS3.8 section 9.3.1.
 A_ASSOCIATE_RQ_TYPE = 0x01
@@ -52,8 +53,6 @@ NO_DATASET = 0x0101
 
 _HEADER = struct.Struct(">BBL")
 _PDV_HEADER = struct.Struct(">LBB")
-_SHORT_ELEMENT = struct.Struct("<HH2sH")  # explicit VR little endian, 2-byte length
-_IMPLICIT_ELEMENT = struct.Struct("<HHL")  # implicit VR little endian: tag, 4-byte length
 _PREAMBLE = b"\x00" * 128 + b"DICM"
 # A P-DATA-TF may exceed the negotiated maximum by its PDV item headers (6 bytes each);
 # this much is tolerated, for up to 64 PDVs.
@@ -63,7 +62,7 @@ MAX_ASSOCIATE_LENGTH = 65536
 # Body length of A-ASSOCIATE-RJ, A-RELEASE-RQ/RP and A-ABORT (PS3.8 section 9.3).
 _FIXED_LENGTH = 4
 # Largest DIMSE command set taken (a C-STORE-RQ's is ~200 bytes).
-MAX_COMMAND_LENGTH = 65536
+MAX_COMMAND_LENGTH = codec.MAX_COMMAND_LENGTH
 # A PDU body is read into a buffer that grows as its bytes arrive, from this size: a length
 # field is the peer's claim, and 0xFFFFFFFF must not buy 4 GiB of zeroed memory.
 _FIRST_BUFFER = 65536
@@ -401,7 +400,8 @@ _COMMAND_ELEMENTS = {
     0x1030: ("MoveOriginatorApplicationEntityTitle", "AE"),
     0x1031: ("MoveOriginatorMessageID", "US"),
 }
-_NUMBER_FORMATS = {"US": "<H", "UL": "<L"}
+_COMMAND_TAGS = frozenset(_COMMAND_ELEMENTS)  # group 0000: the element number is the tag
+_GROUP_END = 0x00010000
 
 
 class Command:
@@ -436,32 +436,33 @@ def decode_command(data: bytes | bytearray) -> Command:
     ProtocolError
         An element outside group 0000, or one cut off or of the wrong length for its VR.
     """
+    data = bytes(data)  # the command buffer (bytearray): ~200 bytes
+    walked = codec.walk(data, 0, len(data), explicit=False, kept=_COMMAND_TAGS, stop=_GROUP_END)
+    if walked is None:
+        raise ProtocolError(
+            "malformed DIMSE command set: it ends inside an element, or an element has an "
+            "undefined length"
+        )
+    if walked.stop >= 0:
+        tag = walked.stop_tag
+        raise ProtocolError(
+            f"malformed DIMSE command set: element ({tag >> 16:04X},{tag & 0xFFFF:04X}) "
+            f"outside group 0000 at {walked.stop}"
+        )
     values: dict[str, int | str] = {}
-    offset = 0
-    while offset < len(data):
-        if offset + _IMPLICIT_ELEMENT.size > len(data):
-            raise ProtocolError("malformed DIMSE command set: it ends inside an element header")
-        group, element, length = _IMPLICIT_ELEMENT.unpack_from(data, offset)
-        start = offset + _IMPLICIT_ELEMENT.size
-        offset = start + length
-        if group != 0x0000 or offset > len(data):
-            raise ProtocolError(
-                f"malformed DIMSE command set: element ({group:04X},{element:04X}) of "
-                f"{length} bytes at {start - _IMPLICIT_ELEMENT.size}"
-            )
-        known = _COMMAND_ELEMENTS.get(element)
-        if known is not None:
-            values[known[0]] = _command_value(known[1], bytes(data[start:offset]))
+    for tag, (_, _, raw) in walked.elements.items():
+        keyword, vr = _COMMAND_ELEMENTS[tag]
+        values[keyword] = _command_value(vr, raw)
     return Command(values)
 
 
 def _command_value(vr: str, raw: bytes) -> int | str:
-    number = _NUMBER_FORMATS.get(vr)
-    if number is None:
+    if vr not in codec.NUMBER_FORMATS:
         return raw.decode("ascii", "replace").strip("\x00 ")
-    if len(raw) != struct.calcsize(number):
+    value = codec.number(raw, vr)
+    if value is None:
         raise ProtocolError(f"malformed DIMSE command set: {vr} value of {len(raw)} bytes")
-    return int(struct.unpack(number, raw)[0])
+    return value
 
 
 def encode_command_pdu(context_id: int, command: bytes) -> bytes:
@@ -480,7 +481,7 @@ def part10_header(
     """
     elements = b"".join(
         (
-            struct.pack("<HH2sHL", 0x0002, 0x0001, b"OB", 0, 2) + b"\x00\x01",
+            codec.explicit_element(0x00020001, "OB", b"\x00\x01"),
             _meta_element(0x0002, "UI", sop_class_uid),
             _meta_element(0x0003, "UI", sop_instance_uid),
             _meta_element(0x0010, "UI", transfer_syntax_uid),
@@ -489,16 +490,13 @@ def part10_header(
             _meta_element(0x0016, "AE", source_ae) if source_ae else b"",
         )
     )
-    group_length = _SHORT_ELEMENT.pack(0x0002, 0x0000, b"UL", 4) + struct.pack("<L", len(elements))
+    group_length = codec.explicit_element(0x00020000, "UL", struct.pack("<L", len(elements)))
     return _PREAMBLE + group_length + elements
 
 
 def _meta_element(element: int, vr: str, value: str) -> bytes:
     """One short explicit-VR element of group 0002, padded to even length (UI with NUL)."""
-    raw = value.encode("ascii", "replace")
-    if len(raw) % 2:
-        raw += b"\x00" if vr == "UI" else b" "
-    return _SHORT_ELEMENT.pack(0x0002, element, vr.encode("ascii"), len(raw)) + raw
+    return codec.explicit_element(0x00020000 | element, vr, codec.padded(value, vr))
 
 
 def response(
@@ -510,7 +508,7 @@ def response(
     order: through pydicom it took a tenth of a millisecond, on every C-STORE.
     """
     elements = [
-        _command_text(0x0002, str(request.get("AffectedSOPClassUID", "")), b"\x00"),
+        _command_text(0x0002, str(request.get("AffectedSOPClassUID", "")), "UI"),
         _command_us(0x0100, command_field),
         _command_us(0x0120, int(request.get("MessageID", 0))),
         _command_us(0x0800, NO_DATASET),
@@ -518,20 +516,17 @@ def response(
     ]
     if comment:
         # Error Comment is LO: at most 64 characters.
-        elements.append(_command_text(0x0902, comment[:64], b" "))
+        elements.append(_command_text(0x0902, comment[:64], "LO"))
     instance = request.get("AffectedSOPInstanceUID")
     if instance is not None:
-        elements.append(_command_text(0x1000, str(instance), b"\x00"))
+        elements.append(_command_text(0x1000, str(instance), "UI"))
     body = b"".join(elements)
-    return _IMPLICIT_ELEMENT.pack(0x0000, 0x0000, 4) + struct.pack("<L", len(body)) + body
+    return codec.implicit_element(0x00000000, struct.pack("<L", len(body))) + body
 
 
 def _command_us(element: int, value: int) -> bytes:
-    return _IMPLICIT_ELEMENT.pack(0x0000, element, 2) + struct.pack("<H", value)
+    return codec.implicit_element(element, struct.pack("<H", value))
 
 
-def _command_text(element: int, value: str, pad: bytes) -> bytes:
-    raw = value.encode("ascii", "replace")
-    if len(raw) % 2:
-        raw += pad
-    return _IMPLICIT_ELEMENT.pack(0x0000, element, len(raw)) + raw
+def _command_text(element: int, value: str, vr: str) -> bytes:
+    return codec.implicit_element(element, codec.padded(value, vr))

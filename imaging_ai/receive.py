@@ -52,6 +52,7 @@ from imaging_ai.association import (
 )
 from imaging_ai.catalog import CATALOG_KEYWORDS, Catalog, InstanceMeta, meta_from_dataset
 from imaging_ai.config import DicomConfig
+from imaging_ai.dicom import codec
 from imaging_ai.dicom_head import HeadValues, PixelFacts, needed_bytes
 from imaging_ai.dul import Command
 from imaging_ai.errors import (
@@ -82,11 +83,11 @@ STATUS_DUPLICATE_SOP_INSTANCE = 0x0111
 STATUS_OUT_OF_RESOURCES = 0xA700
 STATUS_SOP_CLASS_MISMATCH = 0xA900
 STATUS_CANNOT_UNDERSTAND = 0xC000
-PIXEL_DATA_TAG = 0x7FE00010
-UNDEFINED_LENGTH = 0xFFFFFFFF
+PIXEL_DATA_TAG = codec.PIXEL_DATA
+UNDEFINED_LENGTH = codec.UNDEFINED_LENGTH
 # The first bytes of a data set are kept in memory to read its header while the rest
 # (Pixel Data) is still arriving; a header longer than this is read from the file instead.
-HEAD_BYTES = 65536
+HEAD_BYTES = codec.DATASET_HEAD_BYTES
 HEAD_SYNTAXES = (ExplicitVRLittleEndian, ImplicitVRLittleEndian)
 PIXEL_DATA_MARK = b"\xe0\x7f\x10\x00"  # (7FE0,0010) little endian
 # Empty temporary files each receiver process keeps created ahead (Spool.keep_spares).

@@ -2,19 +2,17 @@
 pixels) without pydicom, or None where the file is anything but the plain case.
 
 pydicom's full parse of a 300-slice series was most of the 0.9 s "load" stage on the GPU host
-(issue 7). The plain case is a single-frame CT Image Storage instance in implicit or explicit
-VR little endian whose elements before Pixel Data all have a defined length, with single-valued
-numbers and ASCII text where they are expected: walking those elements with ``struct`` and
-viewing Pixel Data in place costs a few microseconds. Anything else (multi-frame, compressed,
-localizers, undefined-length sequences, a missing or odd value) answers None and the caller
-reads the file with pydicom, which also gives the error messages; ``tests/test_slice_read.py``
-checks both paths give identical frames.
+(issue 7). The plain case is a single-frame CT Image Storage instance in implicit or explicit VR
+little endian whose elements before Pixel Data all have a defined length, with single-valued
+numbers and ASCII text where they are expected: walking those elements with the byte codec
+(``imaging_ai.dicom.codec``) and viewing Pixel Data in place costs a few microseconds. Anything
+else (multi-frame, compressed, localizers, undefined-length sequences, a missing or odd value)
+answers None and the caller reads the file with pydicom, which also gives the error messages;
+``tests/test_slice_read.py`` checks both paths give identical frames.
 """
 
 from __future__ import annotations
 
-import struct
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,14 +20,12 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from imaging_ai.dicom_head import LONG_VRS, PIXEL_DATA, UNDEFINED_LENGTH
+from imaging_ai.dicom import codec
+from imaging_ai.dicom.codec import PIXEL_DATA, UNDEFINED_LENGTH
 
 _EXPLICIT, _IMPLICIT = "1.2.840.10008.1.2.1", "1.2.840.10008.1.2"
 CT_IMAGE_STORAGE = "1.2.840.10008.5.1.4.1.1.2"
-_TRANSFER_SYNTAX = 0x00020010
-_SHORT = struct.Struct("<HH2sH")
-_IMPLICIT_HEAD = struct.Struct("<HHL")
-_LONG = struct.Struct("<L")
+_SERIES_INSTANCE_UID = 0x0020000E
 # The elements a volume needs, by tag; their values are kept as raw bytes while walking.
 _TEXT = {
     0x00080008: "ImageType",
@@ -74,9 +70,9 @@ class PlainSlice:
 def series_uid(path: Path) -> str | None:
     """The file's SeriesInstanceUID from its first bytes, or None where pydicom must read it."""
     with path.open("rb") as f:
-        head = f.read(16384)
-    raw = _walk(head, stop_at=0x0020000E)
-    text = None if raw is None else _ascii(raw.get(0x0020000E, b""))
+        head = f.read(codec.FILE_HEAD_BYTES)
+    raw = _walk(head, stop_at=_SERIES_INSTANCE_UID)
+    text = None if raw is None else codec.ascii_text(raw.get(_SERIES_INSTANCE_UID, b""))
     return text or None
 
 
@@ -94,6 +90,8 @@ def read_plain(path: Path) -> PlainSlice | None:
 
 
 Raw = dict[int, bytes | memoryview]
+# The elements a volume needs: their values are kept as raw bytes while walking.
+_WANTED = frozenset(_TEXT) | frozenset(_US)
 
 
 def _walk(data: bytes, stop_at: int) -> Raw | None:
@@ -105,66 +103,49 @@ def _walk(data: bytes, stop_at: int) -> Raw | None:
     if start is None:
         return None
     offset, syntax = start
-    raw: Raw = {}
-    view = memoryview(data)
-    for tag, at, length in _elements(data, offset, syntax == _EXPLICIT):
-        if length == UNDEFINED_LENGTH or at + length > len(data):
-            return None  # a sequence to walk item by item, encapsulated pixels, or truncated
-        if tag in _TEXT or tag in _US:
-            raw[tag] = data[at : at + length]
-        if tag >= stop_at:
-            if tag == stop_at:
-                raw[tag] = view[at : at + length]
-            return raw
-    return raw if stop_at != PIXEL_DATA else None
+    explicit = syntax == _EXPLICIT
+    try:
+        walked = codec.walk(data, offset, len(data), explicit=explicit, kept=_WANTED, stop=stop_at)
+        if walked is None:
+            return None  # a sequence to walk item by item, or truncated
+        raw: Raw = {tag: value for tag, (_, _, value) in walked.elements.items()}
+        if walked.stop < 0:
+            return raw if stop_at != PIXEL_DATA else None
+        found = codec.element_at(data, walked.stop, len(data), explicit=explicit)
+    except codec.UnknownVR:
+        return None  # pydicom reads it (as implicit VR) or says what is wrong
+    if found is None:
+        return None
+    tag, _, at, length = found
+    if length == UNDEFINED_LENGTH or at + length > len(data):
+        return None  # encapsulated pixels, or truncated
+    if tag == stop_at:
+        raw[tag] = memoryview(data)[at : at + length]
+    return raw
 
 
 def _dataset_start(data: bytes) -> tuple[int, str] | None:
     """Where the data set starts after the file meta group, and its transfer syntax."""
     if data[128:132] != b"DICM":
         return None
-    syntax = ""
-    offset = 132
-    for tag, at, length in _elements(data, 132, explicit=True):
-        if tag >> 16 != 0x0002:
-            break
-        if length == UNDEFINED_LENGTH:
-            return None
-        if tag == _TRANSFER_SYNTAX:
-            syntax = _ascii(data[at : at + length]) or ""
-        offset = at + length
-    return (offset, syntax) if syntax in (_EXPLICIT, _IMPLICIT) else None
-
-
-def _elements(data: bytes, offset: int, explicit: bool) -> Iterator[tuple[int, int, int]]:
-    """(tag, value offset, value length) of each top-level element from `offset`."""
-    end = len(data)
-    while offset + 8 <= end:
-        if explicit:
-            group, element, vr, length = _SHORT.unpack_from(data, offset)
-            if not (vr.isalpha() and vr.isupper()):
-                return  # not explicit VR after all (pydicom detects that and reads it anyway)
-            offset += 8
-            if vr in LONG_VRS:
-                if offset + 4 > end:
-                    return
-                (length,) = _LONG.unpack_from(data, offset)
-                offset += 4
-        else:
-            group, element, length = _IMPLICIT_HEAD.unpack_from(data, offset)
-            offset += 8
-        yield group << 16 | element, offset, length
-        if length == UNDEFINED_LENGTH:
-            return
-        offset += length
-
-
-def _ascii(value: bytes | memoryview) -> str | None:
-    """Text as pydicom gives it (padding stripped); None if not ASCII."""
     try:
-        return bytes(value).decode("ascii").strip(" \0")
-    except UnicodeDecodeError:
+        walked = codec.walk(
+            data,
+            codec.PREAMBLE_BYTES,
+            len(data),
+            explicit=True,
+            kept=(codec.TRANSFER_SYNTAX_UID,),
+            stop=codec.FILE_META_END,
+        )
+    except codec.UnknownVR:
         return None
+    if walked is None or walked.stop < 0:
+        return None
+    syntax_element = walked.elements.get(codec.TRANSFER_SYNTAX_UID)
+    if syntax_element is None:
+        return None
+    syntax = codec.ascii_text(syntax_element[2]) or ""
+    return (walked.stop, syntax) if syntax in (_EXPLICIT, _IMPLICIT) else None
 
 
 def _values(raw: Raw) -> dict[str, Any] | None:
@@ -172,16 +153,17 @@ def _values(raw: Raw) -> dict[str, Any] | None:
     values: dict[str, Any] = {}
     for tag, keyword in _TEXT.items():
         if tag in raw:
-            text = _ascii(raw[tag])
+            text = codec.ascii_text(raw[tag])
             if text is None:
                 return None
             if text:
                 values[keyword] = text.split("\\") if "\\" in text else text
     for tag, keyword in _US.items():
         if tag in raw:
-            if len(raw[tag]) != 2:
+            value = codec.number(raw[tag], "US")
+            if value is None:
                 return None
-            values[keyword] = struct.unpack("<H", raw[tag])[0]
+            values[keyword] = value
     return values
 
 

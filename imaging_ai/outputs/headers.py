@@ -1,12 +1,12 @@
 """Takes the paths of source images; gives their headers as pydicom datasets (no pixel data).
 
-The SEG and SR reference every source image, so the result writer reads every header again
-after the volume was loaded: 300 with ``pydicom.dcmread`` take about 0.12 s on a quiet
-machine, most of it in pydicom's element-by-element reader. For the plain case (a file with
-a preamble, Explicit VR Little Endian, every element before Pixel Data of defined length and
-of a VR pydicom keeps as read) this reads the file's first bytes and cuts them into the same
-raw elements pydicom's reader makes, with ``struct``; pydicom decodes each value when it is
-first used, as it does after ``dcmread``. Anything else is read by ``dcmread``.
+The SEG and SR reference every source image, so the result writer reads every header again after
+the volume was loaded: 300 with ``pydicom.dcmread`` take about 0.12 s on a quiet machine, most
+of it in pydicom's element-by-element reader. For the plain case (a file with a preamble,
+Explicit VR Little Endian, every element before Pixel Data of defined length and of a VR pydicom
+keeps as read) this reads the file's first bytes and cuts them into the same raw elements
+pydicom's reader makes, with the byte codec (``imaging_ai.dicom.codec``); pydicom decodes each
+value when it is first used, as it does after ``dcmread``. Anything else is read by ``dcmread``.
 ``tests/outputs/test_headers.py`` compares both readers' datasets.
 
 Patient and study attributes that every result copies are checked here too
@@ -16,7 +16,6 @@ study (issue 18, item 10).
 
 from __future__ import annotations
 
-import struct
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
@@ -29,23 +28,12 @@ from pydicom.tag import BaseTag
 from pydicom.uid import ExplicitVRLittleEndian
 from pydicom.valuerep import DA, TM, validate_value
 
+from imaging_ai.dicom import codec
 from imaging_ai.errors import InvalidDataset
 
-HEAD_BYTES = 16384  # a CT header is 1-4 KB; a longer one is read by pydicom
-_PIXEL_TAGS = frozenset({0x7FE00008, 0x7FE00009, 0x7FE00010})  # where dcmread stops
-_SPECIFIC_CHARACTER_SET = 0x00080005
-_SHORT = struct.Struct("<HH2sH")
-_LONG = struct.Struct("<L")
-# Explicit VR: these have two reserved bytes and a 4-byte length (PS3.5 7.1.2).
-_LONG_VRS = frozenset(
-    {b"OB", b"OD", b"OF", b"OL", b"OV", b"OW", b"SQ", b"SV", b"UC", b"UR", b"UT", b"UV"}
-)
-_SHORT_VRS = frozenset(
-    {b"AE", b"AS", b"AT", b"CS", b"DA", b"DS", b"DT", b"FD", b"FL", b"IS", b"LO", b"LT"}
-    | {b"PN", b"SH", b"SL", b"SS", b"ST", b"TM", b"UI", b"UL", b"US"}
-)
-# UN (its VR may be replaced by the dictionary's) and anything unknown go to pydicom.
-_VR_NAMES = {vr: vr.decode() for vr in _LONG_VRS | _SHORT_VRS}
+HEAD_BYTES = codec.FILE_HEAD_BYTES
+# UN (pydicom may replace it by the dictionary's VR when it decodes) goes to pydicom.
+_VR_NAMES = {vr: vr.decode() for vr in codec.VRS - {b"UN"}}
 # What SEG, SR, ORU and FHIR copy from the source that a malformed value breaks (highdicom and
 # hl7apy parse dates and times; FHIR's birthDate must be a real date). All Type 2 or 3 in the
 # Patient and General Study modules: present and empty is valid.
@@ -132,57 +120,51 @@ def read_plain(path: Path) -> FileDataset | None:
         return None  # pydicom then says what is wrong
     if data[128:132] != b"DICM":
         return None
-    meta = _elements(data, 132, meta_only=True)
+    meta = _elements(data, codec.PREAMBLE_BYTES, stop=codec.FILE_META_END)
     if meta is None:
         return None
     elements, end = meta
-    syntax = elements.get(BaseTag(0x00020010))  # TransferSyntaxUID
+    if any(tag.group != 0x0002 for tag in elements):
+        return None  # pydicom ends the file meta group at the first element of another group
+    syntax = elements.get(BaseTag(codec.TRANSFER_SYNTAX_UID))
     if syntax is None or (syntax.value or b"").rstrip(b"\0 ") != ExplicitVRLittleEndian.encode():
         return None
-    body = _elements(data, end, meta_only=False)
+    body = _elements(data, end, stop=min(codec.PIXEL_TAGS))
     if body is None:
         return None
     return _dataset(path, data[:128], FileMetaDataset(dict(elements)), body[0])
 
 
 def _elements(
-    data: bytes, offset: int, *, meta_only: bool
+    data: bytes, offset: int, *, stop: int
 ) -> tuple[dict[BaseTag, RawDataElement], int] | None:
-    """Raw elements from ``offset``: the file meta group, or the data set up to Pixel Data.
-    None where an element is not plain or the header runs past the bytes read."""
-    found: dict[BaseTag, RawDataElement] = {}
-    while offset + 8 <= len(data):
-        group, element, vr, short = _SHORT.unpack_from(data, offset)
-        tag = group << 16 | element
-        if meta_only and group != 0x0002:
-            return found, offset
-        if tag in _PIXEL_TAGS:
-            return found, offset
-        name = _VR_NAMES.get(vr)
+    """Raw explicit VR elements from ``offset`` up to ``stop`` (the end of the file meta
+    group, or Pixel Data), and where they end. None where an element is not plain, where the
+    walk ends at another tag, or where the header runs past the bytes read."""
+    try:
+        walked = codec.walk(data, offset, len(data), explicit=True, kept=None, stop=stop)
+        if walked is None or walked.stop < 0:
+            return None  # no Pixel Data within the bytes read, or not plain
+        found = codec.element_at(data, walked.stop, len(data), explicit=True)
+    except codec.UnknownVR:
+        return None
+    if found is None or (stop != codec.FILE_META_END and walked.stop_tag not in codec.PIXEL_TAGS):
+        return None
+    raw: dict[BaseTag, RawDataElement] = {}
+    for tag, (vr, start, value) in walked.elements.items():
+        name = _VR_NAMES.get(vr or b"")
         if name is None:
             return None
-        if vr in _LONG_VRS:
-            if offset + 12 > len(data):
-                return None
-            (length,) = _LONG.unpack_from(data, offset + 8)
-            start = offset + 12
-        else:
-            length, start = short, offset + 8
-        if length == 0xFFFFFFFF or start + length > len(data):
-            return None
         key = BaseTag(tag)  # what pydicom's Tag() gives for an int, without its checks
-        found[key] = RawDataElement(
-            key, name, length, data[start : start + length], start, False, True
-        )
-        offset = start + length
-    return None  # no Pixel Data within the bytes read
+        raw[key] = RawDataElement(key, name, len(value), value, start, False, True)
+    return raw, walked.stop
 
 
 def _dataset(
     path: Path, preamble: bytes, meta: FileMetaDataset, elements: dict[BaseTag, RawDataElement]
 ) -> FileDataset:
     """The data set as ``dcmread`` leaves it: character set decoded, the rest raw."""
-    charset = elements.get(BaseTag(_SPECIFIC_CHARACTER_SET))
+    charset = elements.get(BaseTag(codec.SPECIFIC_CHARACTER_SET))
     held: dict[BaseTag, RawDataElement | DataElement] = dict(elements)
     encoding: str | list[str] = "iso8859"
     if charset is not None:
