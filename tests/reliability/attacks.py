@@ -263,9 +263,11 @@ def silent_flood(target: Target) -> Verdict:
     count = 3 * target.max_pending_connections * target.scale
     socks = []
     try:
-        for _ in range(count):
-            socks.append(socket.create_connection(("127.0.0.1", target.dicom_port), timeout=5))
-        status = echo(target)
+        with low_descriptors_held() as release:
+            for _ in range(count):
+                socks.append(socket.create_connection(("127.0.0.1", target.dicom_port), timeout=5))
+            release()
+            status = echo(target)
         shut = sum(closed_soon(s) for s in socks)
     finally:
         for s in socks:
@@ -274,6 +276,24 @@ def silent_flood(target: Target) -> Verdict:
         status == SUCCESS and shut > 0,
         f"{count} silent sockets; C-ECHO 0x{status:04x}; {shut} closed by the daemon",
     )
+
+
+@contextlib.contextmanager
+def low_descriptors_held(count: int = 8) -> Iterator[Callable[[], None]]:
+    """Hold the lowest free descriptor numbers while a flood's sockets are made; the callable
+    frees them for the client that follows. pynetdicom waits on its socket with select(),
+    which fails for descriptors past 1023 (FD_SETSIZE): at the soak's scale the client itself
+    aborted."""
+    low = [os.open(os.devnull, os.O_RDONLY) for _ in range(count)]
+
+    def release() -> None:
+        while low:
+            os.close(low.pop())
+
+    try:
+        yield release
+    finally:
+        release()
 
 
 def closed_soon(sock: socket.socket) -> bool:
@@ -444,20 +464,14 @@ def http_flood(target: Target) -> Verdict:
     fds = [int(fd) for fd in os.listdir(f"/proc/{target.pid}/fd")]
     resource.prlimit(target.pid, resource.RLIMIT_NOFILE, (max(fds) + 1 + 40, hard))
     socks = []
-    # pynetdicom waits on its socket with select(), which fails for descriptors past 1023
-    # (FD_SETSIZE): low numbers are held while the flood's sockets are made, then freed for it.
-    low = [os.open(os.devnull, os.O_RDONLY) for _ in range(8)]
     try:
-        for _ in range(150 * target.scale):
-            socks.append(socket.create_connection(("127.0.0.1", target.http_port), timeout=5))
-        for fd in low:
-            os.close(fd)
-        low = []
-        status = echo(target)
+        with low_descriptors_held() as release:
+            for _ in range(150 * target.scale):
+                socks.append(socket.create_connection(("127.0.0.1", target.http_port), timeout=5))
+            release()
+            status = echo(target)
     finally:
         resource.prlimit(target.pid, resource.RLIMIT_NOFILE, (soft, hard))
-        for fd in low:
-            os.close(fd)
         for s in socks:
             s.close()
     deadline = time.monotonic() + target.header_timeout_s + 10
