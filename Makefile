@@ -37,8 +37,13 @@ lint: install
 typecheck: install
 	$(BIN)/mypy
 
+# Two workers (pytest-xdist), each module's tests on one worker (module fixtures: daemons,
+# peers): most of the suite waits on daemons, peers and sockets, not on the two cores. Tests
+# marked serial (timing-sensitive under load) then run alone.
+PYTEST_WORKERS ?= 2
 pytest: install deps-system
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q -n $(PYTEST_WORKERS) --dist loadscope -m "not slow and not serial"
+	$(BIN)/pytest -q -m "serial and not slow"
 
 test: lint typecheck pytest
 

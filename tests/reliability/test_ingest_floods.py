@@ -173,8 +173,11 @@ def _flood_then_study(daemon: FaultDaemon, root: Path) -> None:
     finally:
         resource.prlimit(pid, resource.RLIMIT_NOFILE, (soft, hard))
     wait_until(lambda: _instances(daemon, uid) == 4)
-    assert len(log_lines(daemon, "DICOM port: accept() failing: EMFILE")) == 1
-    assert len(log_lines(daemon, "DICOM port: accept() working again")) == 1
+    # The acceptor's spare descriptor may let every accept() through; if one failed, it is one
+    # line, not one per attempt (the mocked EMFILE of test_receive_pool_faults requires it).
+    failing = len(log_lines(daemon, "DICOM port: accept() failing: EMFILE"))
+    assert failing <= 1
+    assert len(log_lines(daemon, "DICOM port: accept() working again")) == failing
     assert daemon.log_path.stat().st_size < 1_000_000  # not 76 MB in two minutes
 
 
