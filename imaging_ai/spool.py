@@ -275,7 +275,7 @@ class Spool:
                 final.parent.mkdir(parents=True, exist_ok=True)
                 self._dirs.add(final.parent)
             os.replace(src, final)
-            _fsync_dir(final.parent)
+            fsync_dir(final.parent)
         except OSError as exc:
             if src.parent == self.tmp_dir:
                 src.unlink(missing_ok=True)
@@ -287,7 +287,7 @@ class Spool:
         path = self.root / relative
         try:
             path.unlink(missing_ok=True)
-            _fsync_dir(path.parent)
+            fsync_dir(path.parent)
         except OSError as exc:
             raise storage_error(exc, relative) from exc
 
@@ -317,7 +317,8 @@ def _fsync_file(path: Path) -> None:
         os.close(fd)
 
 
-def _fsync_dir(path: Path) -> None:
+def fsync_dir(path: Path) -> None:
+    """fsync a directory: the names created or renamed in it are then on disk."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)

@@ -29,6 +29,7 @@ from imaging_ai.outputs.messages import MessageBuilder, RisMessage, submit
 from imaging_ai.outputs.seg import encode_segmentation
 from imaging_ai.outputs.sr import build_measurement_report
 from imaging_ai.outputs.uids import output_uids
+from imaging_ai.spool import fsync_dir, write_all
 
 log = logging.getLogger(__name__)
 
@@ -137,6 +138,10 @@ def write_results(
         )
         paths = {name: future.result() for name, future in written.items()}
         key_images = tuple(keys.result())
+    # The renames (and the job's and study's folders, if new) are durable before the caller
+    # commits the deliveries that name these files: one fsync of each directory.
+    for directory in (folder, folder.parent, folder.parent.parent):
+        fsync_dir(directory)
     payloads = [
         Payload("seg", paths["seg"], encoded.seg_uid),
         Payload("sr", paths["sr"], encoded.sr_uid),
@@ -177,7 +182,7 @@ def _save_bytes(path: Path, data: bytes | memoryview) -> Path:
     writing to the file itself makes thousands of small writes)."""
     tmp = path.with_suffix(".tmp")
     with open(tmp, "wb", buffering=0) as f:
-        f.write(data)
+        write_all(f, data)  # a raw write may take only part
         os.fsync(f.fileno())
     os.replace(tmp, path)
     return path

@@ -153,3 +153,24 @@ def test_results_are_written_when_the_key_images_fail(
     assert written.key_images == ()
     assert {p.kind for p in written.payloads} >= {"seg", "sr"}
     assert "job 8: key images not written" in caplog.text
+
+
+def test_the_result_folders_are_fsynced_after_the_renames(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The deliveries committed next name these files: their renames must be on disk first."""
+    synced: list[tuple[Path, set[str]]] = []
+
+    def fsync_dir(path: Path) -> None:
+        synced.append((path, {p.name for p in path.iterdir()}))
+
+    monkeypatch.setattr(files, "fsync_dir", fsync_dir)
+    analysis, headers = large_study(slices=40, size=128, lesions=1)
+    config = Config(storage=StorageConfig(data_dir=str(tmp_path)))
+    written = write_results(analysis, [], 9, CREATED, IMPRESSION, config, headers=headers)
+    folders = [path for path, _ in synced]
+    assert folders[:3] == [written.folder, written.folder.parent, written.folder.parent.parent]
+    names = synced[0][1]
+    assert {p.path.name for p in written.payloads} <= names and not any(
+        n.endswith(".tmp") for n in names
+    )
