@@ -112,7 +112,11 @@ class ReceiverPool:
                 f"DICOM receiver could not start for {self.config.dicom.bind}:"
                 f"{self.config.dicom.port}; see the log above"
             )
-        self._acceptor = threading.Thread(target=self._accept, name="dicom-acceptor", daemon=True)
+        # Taken here, not in the thread: descriptors may run out before the thread first runs.
+        spare = _Spare()
+        self._acceptor = threading.Thread(
+            target=self._accept, args=(spare,), name="dicom-acceptor", daemon=True
+        )
         self._acceptor.start()
         log.info(
             "DICOM storage SCP %s listening on %s:%d with %d receiver process(es)",
@@ -233,15 +237,16 @@ class ReceiverPool:
 
     # -- the acceptor thread
 
-    def _accept(self) -> None:
+    def _accept(self, spare: _Spare) -> None:
         listener = self._listener
         if listener is None:
+            spare.close()
             return
         try:
             listener.settimeout(_ACCEPT_POLL_S)
         except OSError:
+            spare.close()
             return  # stop() closed it before this thread ran
-        spare = _Spare()
         while self._listener is listener:
             try:
                 conn, address = spare.accept(listener)
@@ -266,6 +271,7 @@ class ReceiverPool:
             finally:
                 conn.close()  # the receiver holds its own duplicate now
                 spare.refill()
+        spare.close()
 
     def _hand_over(self, conn: socket.socket, address: str) -> None:
         """Give a connection to the live receiver with the fewest associations."""
