@@ -25,8 +25,6 @@ from imaging_ai.dicom import codec
 from imaging_ai.dicom.codec import PIXEL_DATA, UNDEFINED_LENGTH, UnknownVR
 from imaging_ai.errors import InvalidDataset
 
-__all__ = ["PIXEL_DATA", "UNDEFINED_LENGTH", "HeadValues", "PixelFacts", "Reader"]
-
 _NO_PIXEL_DATA = -1  # `_walk` met no Pixel Data
 _REQUEST_ATTRIBUTES_SEQUENCE = 0x00400275
 # A data set that starts with these is a Part-10 file: a 128-byte preamble and 'DICM'.

@@ -238,14 +238,18 @@ class ReceiverPool:
     # -- the acceptor thread
 
     def _accept(self, spare: _Spare) -> None:
+        try:
+            self._accept_connections(spare)
+        finally:
+            spare.close()
+
+    def _accept_connections(self, spare: _Spare) -> None:
         listener = self._listener
         if listener is None:
-            spare.close()
             return
         try:
             listener.settimeout(_ACCEPT_POLL_S)
         except OSError:
-            spare.close()
             return  # stop() closed it before this thread ran
         while self._listener is listener:
             try:
@@ -254,11 +258,9 @@ class ReceiverPool:
                 continue
             except OSError as exc:
                 if self._listener is not listener:
-                    spare.close()
                     return  # closed by stop()
                 if exc.errno in _LISTENER_BROKEN:
                     self._accept_trouble.failed(f"listener broken: {exc}")
-                    spare.close()
                     return
                 # Out of descriptors (EMFILE, ENFILE), memory or buffers: retry, not stop.
                 time.sleep(self._accept_trouble.failed(_strerror(exc), _ACCEPT_RETRY_S))
@@ -271,7 +273,6 @@ class ReceiverPool:
             finally:
                 conn.close()  # the receiver holds its own duplicate now
                 spare.refill()
-        spare.close()
 
     def _hand_over(self, conn: socket.socket, address: str) -> None:
         """Give a connection to the live receiver with the fewest associations."""

@@ -268,14 +268,14 @@ class Spool:
                 )
                 synced, size = False, None
             if not synced:
-                _fsync_file(src)
+                fsync_path(src)
             if size is None:
                 size = src.stat().st_size
             if final.parent not in self._dirs:
                 final.parent.mkdir(parents=True, exist_ok=True)
                 self._dirs.add(final.parent)
             os.replace(src, final)
-            fsync_dir(final.parent)
+            fsync_path(final.parent)
         except OSError as exc:
             if src.parent == self.tmp_dir:
                 src.unlink(missing_ok=True)
@@ -287,7 +287,7 @@ class Spool:
         path = self.root / relative
         try:
             path.unlink(missing_ok=True)
-            fsync_dir(path.parent)
+            fsync_path(path.parent)
         except OSError as exc:
             raise storage_error(exc, relative) from exc
 
@@ -309,16 +309,8 @@ def _write(path: Path, data: bytes) -> None:
         f.write(data)
 
 
-def _fsync_file(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def fsync_dir(path: Path) -> None:
-    """fsync a directory: the names created or renamed in it are then on disk."""
+def fsync_path(path: Path) -> None:
+    """fsync a file, or a directory (the names created or renamed in it are then on disk)."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)

@@ -40,13 +40,14 @@ LONG_VRS = frozenset(
 )
 # Bytes of an explicit VR element's tag, VR and length, by its VR bytes.
 HEADER_LENGTH = {vr: 12 if vr in LONG_VRS else 8 for vr in VRS}
-IMPLICIT_HEADER_LENGTH = 8
-# Text whose characters come from the Specific Character Set; the others are ASCII (PS3.5 6.1.2).
-CHARACTER_SET_VRS = frozenset({"LO", "LT", "PN", "SH", "ST", "UC", "UT"})
-TEXT_VRS = CHARACTER_SET_VRS | {"AE", "AS", "CS", "DA", "DS", "DT", "IS", "TM", "UI", "UR"}
+# The VRs whose values are character strings (PS3.5 6.2).
+TEXT_VRS = frozenset(
+    {"AE", "AS", "CS", "DA", "DS", "DT", "IS", "LO", "LT", "PN", "SH", "ST", "TM", "UC", "UI"}
+    | {"UR", "UT"}
+)
 NUMBER_FORMATS = {"US": struct.Struct("<H"), "UL": struct.Struct("<L")}
 # Python codecs of the character sets the fast readers decode; others go to pydicom.
-CHARSETS = {"": "iso8859", "ISO_IR 6": "iso8859", "ISO_IR 100": "latin_1", "ISO_IR 192": "UTF8"}
+_CHARSETS = {"": "iso8859", "ISO_IR 6": "iso8859", "ISO_IR 100": "latin_1", "ISO_IR 192": "UTF8"}
 
 # Limits. A Part-10 file starts with a 128-byte preamble and "DICM".
 PREAMBLE_BYTES = 132
@@ -211,7 +212,7 @@ def charset_encoding(value: bytes | None) -> str | None:
     """The Python codec of a Specific Character Set value (None: absent, the default); None
     where the fast readers do not decode it (several, or code extensions)."""
     name = b"" if value is None else value
-    return CHARSETS.get(name.decode("ascii", "replace").strip(" \0"))
+    return _CHARSETS.get(name.decode("ascii", "replace").strip(" \0"))
 
 
 def explicit_element(tag: int, vr: str, value: bytes) -> bytes:

@@ -29,7 +29,7 @@ from imaging_ai.outputs.messages import MessageBuilder, RisMessage, submit
 from imaging_ai.outputs.seg import encode_segmentation
 from imaging_ai.outputs.sr import build_measurement_report
 from imaging_ai.outputs.uids import output_uids
-from imaging_ai.spool import fsync_dir, write_all
+from imaging_ai.spool import fsync_path, write_all
 
 log = logging.getLogger(__name__)
 
@@ -141,7 +141,7 @@ def write_results(
     # The renames (and the job's and study's folders, if new) are durable before the caller
     # commits the deliveries that name these files: one fsync of each directory.
     for directory in (folder, folder.parent, folder.parent.parent):
-        fsync_dir(directory)
+        fsync_path(directory)
     payloads = [
         Payload("seg", paths["seg"], encoded.seg_uid),
         Payload("sr", paths["sr"], encoded.sr_uid),

@@ -161,10 +161,10 @@ def test_the_result_folders_are_fsynced_after_the_renames(
     """The deliveries committed next name these files: their renames must be on disk first."""
     synced: list[tuple[Path, set[str]]] = []
 
-    def fsync_dir(path: Path) -> None:
+    def fsync_path(path: Path) -> None:
         synced.append((path, {p.name for p in path.iterdir()}))
 
-    monkeypatch.setattr(files, "fsync_dir", fsync_dir)
+    monkeypatch.setattr(files, "fsync_path", fsync_path)
     analysis, headers = large_study(slices=40, size=128, lesions=1)
     config = Config(storage=StorageConfig(data_dir=str(tmp_path)))
     written = write_results(analysis, [], 9, CREATED, IMPRESSION, config, headers=headers)
