@@ -17,7 +17,7 @@ from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlalchemy.orm import Session
 
 from imaging_ai.db.models import Instance, Series, Study, UTCDateTime
-from imaging_ai.dicom_head import HeadValues
+from imaging_ai.dicom.dataset_head import HeadValues
 from imaging_ai.errors import DuplicateSOPInstance, InvalidDataset
 from imaging_ai.spool import Spool
 

@@ -41,20 +41,19 @@ from pynetdicom.sop_class import (  # type: ignore[attr-defined]
 )
 from sqlalchemy.exc import SQLAlchemyError
 
-from imaging_ai import dicom_head, dul
 from imaging_ai.admission import Gate, Places, Ticket
-from imaging_ai.association import (
+from imaging_ai.catalog import CATALOG_KEYWORDS, Catalog, InstanceMeta, meta_from_dataset
+from imaging_ai.config import DicomConfig
+from imaging_ai.dicom import codec, dataset_head, part10
+from imaging_ai.dicom.association import (
     REJECT_BUSY,
     REJECT_CALLED_AE,
     REJECT_CALLING_AE,
     Association,
     Peer,
 )
-from imaging_ai.catalog import CATALOG_KEYWORDS, Catalog, InstanceMeta, meta_from_dataset
-from imaging_ai.config import DicomConfig
-from imaging_ai.dicom import codec
-from imaging_ai.dicom_head import HeadValues, PixelFacts, needed_bytes
-from imaging_ai.dul import Command
+from imaging_ai.dicom.dataset_head import HeadValues, PixelFacts, needed_bytes
+from imaging_ai.dicom.dimse import Command
 from imaging_ai.errors import (
     DuplicateSOPInstance,
     InvalidDataset,
@@ -180,7 +179,7 @@ def _error_comment(exc: BaseException) -> str:
 class Receiver:
     """The storage SCP: whitelist, C-ECHO, C-STORE into the spool and catalog.
 
-    Each association runs in its own thread (:class:`~imaging_ai.association.Association`);
+    Each association runs in its own thread (:class:`~imaging_ai.dicom.association.Association`);
     ``admit`` and ``store`` are the interventions whose answers go back to the peer.
     """
 
@@ -205,7 +204,7 @@ class Receiver:
         self.ae_title = config.ae_title
         self.max_pdu = config.max_pdu
         self.contexts = supported_contexts()
-        self.head_reader = dicom_head.Reader(CATALOG_KEYWORDS + routing_tags)
+        self.head_reader = dataset_head.Reader(CATALOG_KEYWORDS + routing_tags)
         self._server: _Server | None = None
         self._adopter = ThreadPoolExecutor(config.max_associations, "dicom-adopt")
         self._active = 0
@@ -406,7 +405,7 @@ class Receiver:
         self.spool.ensure_space()
         if header is None:
             ds = self._read_file(path)
-            dicom_head.check_vrs(ds)
+            dataset_head.check_vrs(ds)
             _check_pixel_data_complete(pixel_facts(ds), path.stat().st_size, syntax)
             meta = self.header_meta(ds, syntax, peer.calling_ae)
         else:
@@ -577,8 +576,8 @@ class IncomingInstance:
         self._error: Exception | None = None
         self._head = bytearray()
         # The first bytes are kept to check them; the header's, to read it from them.
-        self._head_limit = HEAD_BYTES if syntax in HEAD_SYNTAXES else dicom_head.START_BYTES
-        self._started = False  # the first bytes were checked (dicom_head.check_start)
+        self._head_limit = HEAD_BYTES if syntax in HEAD_SYNTAXES else dataset_head.START_BYTES
+        self._started = False  # the first bytes were checked (dataset_head.check_start)
         self._decoded: tuple[PixelFacts, InstanceMeta | InvalidDataset] | None = None
         self._meta_length = 0  # preamble and file meta, before the data set
         self._written = 0  # bytes in the file, file meta included
@@ -592,7 +591,7 @@ class IncomingInstance:
             sop_uid = check_uid(str(command.get("AffectedSOPInstanceUID", "")), "SOP Instance UID")
             receiver.spool.ensure_space()
             self.path, self._file = receiver.spool.open_temporary()
-            header = dul.part10_header(sop_class, sop_uid, syntax, peer.calling_ae)
+            header = part10.part10_header(sop_class, sop_uid, syntax, peer.calling_ae)
             write_all(self._file, header)
             self._meta_length = self._written = len(header)
         except (InvalidDataset, StorageError) as exc:
@@ -614,7 +613,7 @@ class IncomingInstance:
         self._written += len(data)
         if self._decoded is None and len(self._head) < self._head_limit:
             self._head += data[: self._head_limit - len(self._head)]
-            due = not self._started and len(self._head) >= dicom_head.START_BYTES
+            due = not self._started and len(self._head) >= dataset_head.START_BYTES
             if due and not self._check_start():
                 return  # refused: the rest is dropped
             if self.syntax in HEAD_SYNTAXES and PIXEL_DATA_MARK in self._head:
@@ -625,7 +624,7 @@ class IncomingInstance:
         """Check the data set's first bytes against its transfer syntax; False: refused."""
         self._started = True
         try:
-            dicom_head.check_start(self._head, self.syntax)
+            dataset_head.check_start(self._head, self.syntax)
         except InvalidDataset as exc:
             self._fail(exc)
             return False
@@ -646,7 +645,7 @@ class IncomingInstance:
                 source = read_header(head, self.syntax)
                 if source is None:
                     return None  # the mark was inside another value: the file is read at the end
-                dicom_head.check_vrs(source)
+                dataset_head.check_vrs(source)
                 pixel = pixel_facts(source)
         except InvalidDataset as exc:
             return unread, exc
@@ -660,7 +659,7 @@ class IncomingInstance:
     def finish(self) -> Dataset:
         """Flush the file to disk and keep it (rename, row); give the C-STORE status."""
         if self._file is not None and not self._started:
-            self._check_start()  # a data set shorter than dicom_head.START_BYTES
+            self._check_start()  # a data set shorter than dataset_head.START_BYTES
         if self._file is None or self.path is None:
             return self.receiver.refuse(self._error or StorageError("nothing was received"))
         header = None

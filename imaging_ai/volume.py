@@ -19,8 +19,8 @@ from pydicom.uid import (
     ImplicitVRLittleEndian,
 )
 
+from imaging_ai.dicom.slice_read import PlainSlice, read_plain, series_uid
 from imaging_ai.errors import GeometryError, ImagingAIError, InvalidDataset, UnsupportedInput
-from imaging_ai.slice_read import PlainSlice, read_plain, series_uid
 
 CT_IMAGE_STORAGE = "1.2.840.10008.5.1.4.1.1.2"
 ENHANCED_CT_IMAGE_STORAGE = "1.2.840.10008.5.1.4.1.1.2.1"

@@ -29,8 +29,8 @@ from pynetdicom.pdu_primitives import (
 from pynetdicom.presentation import build_context
 from pynetdicom.sop_class import CTImageStorage, Verification  # type: ignore[attr-defined]
 
-from imaging_ai import dul
 from imaging_ai.config import Config
+from imaging_ai.dicom import dimse, dul
 from imaging_ai.receive_pool import ReceiverPool
 from tests.conftest import receiver_config, wait_until
 from tests.dicom_factory import ct_series
@@ -198,7 +198,7 @@ def test_command_fragments_never_marked_last_are_aborted(pool: ReceiverPool) -> 
             sent += len(pdu)
         _assert_aborted(sock, dul.REASON_INVALID_PARAMETER)
     # The fragment past the limit, and those sent before its abort arrived here.
-    assert sent <= dul.MAX_COMMAND_LENGTH + 4 * len(pdu)
+    assert sent <= dimse.MAX_COMMAND_LENGTH + 4 * len(pdu)
 
 
 def test_silent_sockets_do_not_keep_pacs_out(pool: ReceiverPool) -> None:

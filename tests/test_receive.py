@@ -20,12 +20,12 @@ from pynetdicom.sop_class import (  # type: ignore
 from sqlalchemy import Engine, select
 from sqlalchemy.orm import Session
 
-from imaging_ai.association import Peer
 from imaging_ai.bench.harness import free_port
 from imaging_ai.catalog import Catalog
 from imaging_ai.config import AllowedCaller, DicomConfig
 from imaging_ai.db.models import Instance, Study
 from imaging_ai.db.session import make_engine, upgrade
+from imaging_ai.dicom.association import Peer
 from imaging_ai.receive import Receiver, accepted_transfer_syntaxes
 from imaging_ai.spool import Spool
 from tests.dicom_factory import ct_series

@@ -21,10 +21,10 @@ from pynetdicom.sop_class import CTImageStorage  # type: ignore[attr-defined]
 from sqlalchemy import Engine, select
 from sqlalchemy.orm import Session
 
-from imaging_ai import dul
-from imaging_ai.association import Peer
 from imaging_ai.db.models import Instance
 from imaging_ai.db.session import make_engine, upgrade
+from imaging_ai.dicom import dul, part10
+from imaging_ai.dicom.association import Peer
 from imaging_ai.errors import OutOfResources
 from imaging_ai.receive import HEAD_BYTES, Receiver, read_header
 from tests.dicom_factory import ct_series
@@ -66,7 +66,7 @@ def command_for(ds: pydicom.Dataset) -> pydicom.Dataset:
 
 def test_part10_header_reads_back_with_pydicom(tmp_path: Path) -> None:
     # An odd-length UID is padded with NUL, as PS3.5 requires.
-    header = dul.part10_header(CTImageStorage, "1.2.3.45", ExplicitVRLittleEndian, "PACS")
+    header = part10.part10_header(CTImageStorage, "1.2.3.45", ExplicitVRLittleEndian, "PACS")
     ds = pydicom.Dataset()
     ds.SOPInstanceUID = "1.2.3.45"
     path = tmp_path / "x.dcm"

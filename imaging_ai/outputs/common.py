@@ -20,9 +20,9 @@ from numpy.typing import NDArray
 from pydicom.dataset import Dataset
 
 import imaging_ai
+from imaging_ai.dicom import file_headers
 from imaging_ai.errors import InvalidDataset, UnsupportedInput
 from imaging_ai.modelcard import CodedConcept
-from imaging_ai.outputs import headers
 from imaging_ai.outputs.uids import OutputUids
 from imaging_ai.postprocess import Lesion
 
@@ -234,11 +234,11 @@ def source_headers(paths: Iterable[Path]) -> SourceHeaders:
     """Headers (no pixel data) of the source files, ready to encode into every result.
 
     Patient and study dates, times and names that are not valid DICOM are emptied
-    (:func:`~imaging_ai.outputs.headers.clean_demographics`); the notes say which, without
+    (:func:`~imaging_ai.dicom.file_headers.clean_demographics`); the notes say which, without
     the values, for the study's record.
     """
-    datasets = headers.read_headers(list(paths))
-    return SourceHeaders(datasets, headers.clean_demographics(datasets))
+    datasets = file_headers.read_headers(list(paths))
+    return SourceHeaders(datasets, file_headers.clean_demographics(datasets))
 
 
 def read_headers(paths: Iterable[Path]) -> list[Dataset]:

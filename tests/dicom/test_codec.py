@@ -27,8 +27,7 @@ from pydicom.filereader import data_element_generator, read_dataset
 from pydicom.filewriter import write_dataset
 from pydicom.sequence import Sequence
 
-from imaging_ai import dul
-from imaging_ai.dicom import codec
+from imaging_ai.dicom import codec, dataset_head, dimse, dul, file_headers, slice_read
 
 # One dictionary tag of each VR (VM 1), so that implicit VR reading knows the VR as well.
 TAG_OF_VR = {
@@ -301,7 +300,7 @@ def test_a_command_set_is_decoded_as_pydicom_decodes_it(
         CommandDataSetType=0x0101,
         AffectedSOPInstanceUID=sop_instance,
     )
-    decoded = dul.decode_command(raw)
+    decoded = dimse.decode_command(raw)
     fp = DicomBytesIO(raw)
     fp.is_little_endian, fp.is_implicit_VR = True, True
     reference = read_dataset(fp, True, True)
@@ -330,16 +329,13 @@ def test_a_command_set_is_decoded_as_pydicom_decodes_it(
 )
 def test_a_command_the_walk_steps_aside_from_is_a_protocol_error(raw: bytes) -> None:
     with pytest.raises(dul.ProtocolError):
-        dul.decode_command(raw)
+        dimse.decode_command(raw)
 
 
 def test_one_table_of_vrs_for_every_reader() -> None:
     """The readers share the codec's table: UN is a long VR (PS3.5 7.1.2) for all of them."""
-    from imaging_ai import dicom_head, slice_read
-    from imaging_ai.outputs import headers
-
     assert b"UN" in codec.LONG_VRS and codec.HEADER_LENGTH[b"UN"] == 12
     assert codec.LONG_VRS <= codec.VRS
-    for module in (dicom_head, slice_read, headers, dul):
+    for module in (dataset_head, slice_read, file_headers, dul, dimse):
         source = Path(module.__file__ or "").read_text(encoding="utf-8")
         assert 'struct.Struct("<HH2sH")' not in source, module.__name__  # no walker of its own

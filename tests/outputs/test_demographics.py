@@ -16,10 +16,10 @@ from pydicom.dataelem import DataElement
 from pydicom.dataset import Dataset
 
 from imaging_ai.config import Config, OutputsConfig, RisDestination, StorageConfig
+from imaging_ai.dicom.file_headers import clean_demographics
 from imaging_ai.errors import OutputError
 from imaging_ai.outputs.common import source_headers
 from imaging_ai.outputs.files import encode_results
-from imaging_ai.outputs.headers import clean_demographics
 from imaging_ai.process import PERMANENT, encoded
 from tests.outputs.conftest import CREATED, IMPRESSION, Study
 

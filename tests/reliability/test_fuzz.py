@@ -34,11 +34,11 @@ from pydicom.dataset import Dataset
 from sqlalchemy import Engine
 
 from imaging_ai.analyse import spec_from_card
-from imaging_ai.association import Peer
 from imaging_ai.bench.harness import ENGINES_DIR, free_port
 from imaging_ai.catalog import Catalog
 from imaging_ai.config import AllowedCaller, DicomConfig
 from imaging_ai.db.session import make_engine, upgrade
+from imaging_ai.dicom.association import Peer
 from imaging_ai.errors import InvalidDataset, UnsupportedInput
 from imaging_ai.modelcard import ModelCard, discover_models
 from imaging_ai.preprocess import prepare_slices

@@ -5,7 +5,7 @@ largest share of a receiver's Python time. This walks the top-level elements wit
 (``imaging_ai.dicom.codec``) and decodes only the ones asked for. It covers the common case
 (little endian, sequences of defined length, a default, Latin-1 or UTF-8 character set, single
 values) and answers None for anything else, for which the caller reads the data set with
-pydicom. Results equal pydicom's (``tests/test_dicom_head.py`` compares them). Bytes that
+pydicom. Results equal pydicom's (``tests/dicom/test_dataset_head.py`` compares them). Bytes that
 pydicom would read otherwise than this, or not at all, are refused (``InvalidDataset``): VR
 bytes that are no VR, and first bytes that contradict the transfer syntax (``check_start``).
 """

@@ -9,7 +9,7 @@ import pytest
 from pydicom import Dataset
 from pynetdicom.dsutils import encode
 
-from imaging_ai import dul
+from imaging_ai.dicom import dimse, dul
 
 SOP_CLASS = "1.2.840.10008.5.1.4.1.1.2"
 SOP_INSTANCE = "1.2.826.0.1.3680043.8.498.1234567890123456789012345"  # odd length: padded
@@ -18,7 +18,7 @@ SOP_INSTANCE = "1.2.826.0.1.3680043.8.498.1234567890123456789012345"  # odd leng
 def _request(with_instance: bool = True) -> Dataset:
     request = Dataset()
     request.AffectedSOPClassUID = SOP_CLASS
-    request.CommandField = dul.C_STORE_RQ
+    request.CommandField = dimse.C_STORE_RQ
     request.MessageID = 4242
     request.Priority = 0
     request.CommandDataSetType = 0x0001
@@ -32,7 +32,7 @@ def _pydicom_response(request: Dataset, command_field: int, status: int, comment
     rsp.AffectedSOPClassUID = request.AffectedSOPClassUID
     rsp.CommandField = command_field
     rsp.MessageIDBeingRespondedTo = request.MessageID
-    rsp.CommandDataSetType = dul.NO_DATASET
+    rsp.CommandDataSetType = dimse.NO_DATASET
     rsp.Status = status
     if comment:
         rsp.ErrorComment = comment[:64]
@@ -57,16 +57,16 @@ def test_response_is_byte_for_byte_what_pydicom_encodes(
     status: int, comment: str, with_instance: bool
 ) -> None:
     request = _request(with_instance)
-    ours = dul.response(request, dul.C_STORE_RSP, status, comment)
-    assert ours == _pydicom_response(request, dul.C_STORE_RSP, status, comment)
-    decoded = dul.decode_command(ours)
+    ours = dimse.response(request, dimse.C_STORE_RSP, status, comment)
+    assert ours == _pydicom_response(request, dimse.C_STORE_RSP, status, comment)
+    decoded = dimse.decode_command(ours)
     assert decoded.Status == status
     assert decoded.MessageIDBeingRespondedTo == 4242
-    assert decoded.CommandField == dul.C_STORE_RSP
+    assert decoded.CommandField == dimse.C_STORE_RSP
 
 
 def test_command_pdu_wraps_one_last_command_pdv() -> None:
-    command = dul.response(_request(), dul.C_STORE_RSP, 0)
+    command = dimse.response(_request(), dimse.C_STORE_RSP, 0)
     pdu = dul.encode_command_pdu(3, command)
     pdu_type, _, length = struct.unpack(">BBL", pdu[:6])
     assert (pdu_type, length) == (dul.P_DATA_TF_TYPE, len(pdu) - 6)
@@ -83,13 +83,15 @@ def test_command_decoded_directly_reads_as_pydicom_reads_it(with_instance: bool)
     encoded = encode(request, True, True)
     assert encoded is not None
     raw = struct.pack("<HHLL", 0, 0, 4, len(encoded)) + encoded
-    ours = dul.decode_command(raw)
+    ours = dimse.decode_command(raw)
     for element in request:
         assert ours.get(element.keyword) == element.value, element.keyword
     assert ("AffectedSOPInstanceUID" in ours) is with_instance
     assert ours.get("Status", 0xFFFF) == 0xFFFF
     # Answering it from the direct decoding gives pydicom's encoding of the answer.
-    assert dul.response(ours, dul.C_STORE_RSP, 0) == dul.response(request, dul.C_STORE_RSP, 0)
+    assert dimse.response(ours, dimse.C_STORE_RSP, 0) == dimse.response(
+        request, dimse.C_STORE_RSP, 0
+    )
 
 
 @pytest.mark.parametrize(
@@ -103,7 +105,7 @@ def test_command_decoded_directly_reads_as_pydicom_reads_it(with_instance: bool)
 )
 def test_malformed_command_is_a_protocol_error(raw: bytes) -> None:
     with pytest.raises(dul.ProtocolError):
-        dul.decode_command(raw)
+        dimse.decode_command(raw)
 
 
 def _p_data(payload: bytes) -> bytes:

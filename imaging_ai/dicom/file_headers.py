@@ -7,7 +7,7 @@ Explicit VR Little Endian, every element before Pixel Data of defined length and
 keeps as read) this reads the file's first bytes and cuts them into the same raw elements
 pydicom's reader makes, with the byte codec (``imaging_ai.dicom.codec``); pydicom decodes each
 value when it is first used, as it does after ``dcmread``. Anything else is read by ``dcmread``.
-``tests/outputs/test_headers.py`` compares both readers' datasets.
+``tests/outputs/test_file_headers.py`` compares both readers' datasets.
 
 Patient and study attributes that every result copies are checked here too
 (:func:`clean_demographics`): one malformed birth date must not keep a result from an urgent

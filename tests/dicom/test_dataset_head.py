@@ -13,7 +13,7 @@ from pydicom.filewriter import write_dataset
 from pydicom.uid import ExplicitVRLittleEndian, ImplicitVRLittleEndian, generate_uid
 
 from imaging_ai.catalog import CATALOG_KEYWORDS, meta_from_dataset
-from imaging_ai.dicom_head import HeadValues, PixelFacts, Reader
+from imaging_ai.dicom.dataset_head import HeadValues, PixelFacts, Reader
 from imaging_ai.errors import InvalidDataset
 from imaging_ai.receive import pixel_facts, read_header
 from tests.dicom_factory import ct_dataset

@@ -11,8 +11,8 @@ from pydicom.dataset import Dataset, FileDataset
 from pydicom.sequence import Sequence
 from pydicom.uid import ImplicitVRLittleEndian
 
+from imaging_ai.dicom.file_headers import HEAD_BYTES, read_headers, read_plain
 from imaging_ai.errors import InvalidDataset
-from imaging_ai.outputs.headers import HEAD_BYTES, read_headers, read_plain
 from tests.dicom_factory import ct_series
 from tests.outputs.conftest import Study
 

@@ -33,8 +33,10 @@ from pynetdicom.sop_class import (  # type: ignore[attr-defined]
 from sqlalchemy import Engine, func, select
 from sqlalchemy.orm import Session
 
-from imaging_ai import association, dul
-from imaging_ai.association import (
+from imaging_ai.db.models import Instance
+from imaging_ai.db.session import make_engine, upgrade
+from imaging_ai.dicom import association, dimse, dul
+from imaging_ai.dicom.association import (
     REJECT_CALLED_AE,
     REJECT_CALLING_AE,
     REJECT_PROTOCOL_VERSION,
@@ -45,8 +47,6 @@ from imaging_ai.association import (
     Peer,
     State,
 )
-from imaging_ai.db.models import Instance
-from imaging_ai.db.session import make_engine, upgrade
 from imaging_ai.receive import Receiver
 from tests.dicom_factory import ct_series
 from tests.test_receive import start_receiver
@@ -109,7 +109,7 @@ class _Acceptor:
     def admit(self, peer: Peer) -> tuple[int, int, int] | None:
         return None if peer.calling_ae == "PACS" else REJECT_CALLING_AE
 
-    def begin_store(self, command: dul.Command, syntax: str, peer: Peer) -> Incoming:
+    def begin_store(self, command: dimse.Command, syntax: str, peer: Peer) -> Incoming:
         self.begun += 1
         return _Stored(self)
 
@@ -196,8 +196,8 @@ def _command(
     command.AffectedSOPClassUID = sop_class
     command.CommandField = field_
     command.MessageID = 7
-    command.CommandDataSetType = 0x0000 if with_dataset else dul.NO_DATASET
-    if field_ == dul.C_STORE_RQ:
+    command.CommandDataSetType = 0x0000 if with_dataset else dimse.NO_DATASET
+    if field_ == dimse.C_STORE_RQ:
         command.Priority = 0
         command.AffectedSOPInstanceUID = instance
     raw = encode(command, True, True)
@@ -212,12 +212,12 @@ def _p_data(context_id: int, control: int, payload: bytes) -> bytes:
 
 
 def _echo(context_id: int = ECHO) -> bytes:
-    return _p_data(context_id, 0x03, _command(dul.C_ECHO_RQ, Verification, with_dataset=False))
+    return _p_data(context_id, 0x03, _command(dimse.C_ECHO_RQ, Verification, with_dataset=False))
 
 
 def _store(context_id: int, sop_class: str, data: bytes = b"\x08\x00\x16\x00" + bytes(4)) -> bytes:
     """A C-STORE-RQ and its whole data set, each in one PDV."""
-    return _p_data(context_id, 0x03, _command(dul.C_STORE_RQ, sop_class, True)) + _p_data(
+    return _p_data(context_id, 0x03, _command(dimse.C_STORE_RQ, sop_class, True)) + _p_data(
         context_id, 0x02, data
     )
 
@@ -281,7 +281,7 @@ def _exactly(peer: socket.socket, n: int) -> bytes:
 def _status(pdu: tuple[int, bytes]) -> int:
     """The Status of the DIMSE response a P-DATA-TF carries."""
     assert pdu[0] == dul.P_DATA_TF_TYPE
-    return int(dul.decode_command(pdu[1][6:]).Status)
+    return int(dimse.decode_command(pdu[1][6:]).Status)
 
 
 def _abort(source: int, reason: int) -> tuple[int, bytes]:
@@ -344,7 +344,7 @@ CASES: dict[tuple[State, Event], _Case] = {
     (_S.STA8, _E.EVT14): _Case("associated", RELEASE_RQ, ((6, bytes(4)),), AFTER_ARTIM),
     (_S.STA8, _E.EVT15): _Case(
         "associated",
-        _p_data(CT, 0x03, _command(dul.C_STORE_RQ, CTImageStorage, True))
+        _p_data(CT, 0x03, _command(dimse.C_STORE_RQ, CTImageStorage, True))
         + _p_data(CT, 0x00, bytes(64))
         + RELEASE_RQ,
         (_abort(0, 0),),
@@ -405,7 +405,7 @@ def test_a_release_in_the_middle_of_a_data_set_drops_the_instance_and_aborts() -
         _associated(peer)
         peer.sendall(_store(CT, CTImageStorage))  # one whole instance
         assert _status(_read_pdu(peer)) == 0x0000
-        command = _p_data(CT, 0x03, _command(dul.C_STORE_RQ, CTImageStorage, True))
+        command = _p_data(CT, 0x03, _command(dimse.C_STORE_RQ, CTImageStorage, True))
         answers, _ = _answers(peer, command + _p_data(CT, 0x00, bytes(64)) + RELEASE_RQ)
     assert answers == [_abort(dul.SOURCE_SERVICE_USER, 0)]  # not an A-RELEASE-RP
     assert len(acceptor.stored) == 1 and acceptor.discarded == 1
@@ -416,7 +416,7 @@ def test_a_release_in_the_middle_of_a_command_aborts() -> None:
     acceptor = _Acceptor()
     with _served(acceptor) as (peer, assoc):
         _associated(peer)
-        command = _command(dul.C_STORE_RQ, CTImageStorage, True)
+        command = _command(dimse.C_STORE_RQ, CTImageStorage, True)
         answers, _ = _answers(peer, _p_data(CT, 0x01, command[:20]) + RELEASE_RQ)
     assert answers == [_abort(dul.SOURCE_SERVICE_USER, 0)]
     assert acceptor.begun == 0 and not assoc.released
@@ -446,7 +446,7 @@ def _ct_store(tmp_path: Path) -> tuple[bytes, bytes]:
     ds = pydicom.dcmread(ct_series(tmp_path / "src", slices=1)[0])
     data = encode(ds, True, True)
     assert data is not None
-    return _command(dul.C_STORE_RQ, CTImageStorage, True, str(ds.SOPInstanceUID)), data
+    return _command(dimse.C_STORE_RQ, CTImageStorage, True, str(ds.SOPInstanceUID)), data
 
 
 @pytest.mark.parametrize(
@@ -529,7 +529,7 @@ def test_items_of_unknown_types_are_skipped(into_user_information: bool) -> None
         (_echo(context_id=5), dul.REASON_INVALID_PARAMETER),  # context 5 was not accepted
         (_p_data(CT, 0x02, bytes(8)), dul.REASON_UNEXPECTED_PARAMETER),  # data, no command
         (
-            _p_data(CT, 0x03, _command(dul.C_STORE_RQ, CTImageStorage, True)) + _echo(CT),
+            _p_data(CT, 0x03, _command(dimse.C_STORE_RQ, CTImageStorage, True)) + _echo(CT),
             dul.REASON_UNEXPECTED_PARAMETER,  # a command where the data set was due
         ),
         (_p_data(CT, 0x03, b"\x08\x00\x16\x00\x02\x00\x00\x00ab"), dul.REASON_INVALID_PARAMETER),
@@ -557,7 +557,7 @@ def test_an_a_abort_is_never_answered_with_another() -> None:
     [
         (_store(ECHO, CTImageStorage), None),  # CT on the Verification context
         (_store(CT, MRImageStorage), None),  # an MR command on the CT context
-        (_p_data(CT, 0x03, _command(dul.C_ECHO_RQ, Verification, False)), None),  # echo on CT
+        (_p_data(CT, 0x03, _command(dimse.C_ECHO_RQ, Verification, False)), None),  # echo on CT
         (_store(CT, CTImageStorage), 0x0000),
         (_echo(), 0x0000),
     ],

@@ -1,5 +1,5 @@
-"""The fast CT reader (imaging_ai.slice_read) against pydicom: identical volumes, and pydicom's
-path for every file that is not the plain case."""
+"""The fast CT reader (imaging_ai.dicom.slice_read) against pydicom: identical volumes, and
+pydicom's path for every file that is not the plain case."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ from pydicom.sequence import Sequence
 from pydicom.uid import ImplicitVRLittleEndian, RLELossless
 
 from imaging_ai import volume as volume_module
+from imaging_ai.dicom.slice_read import read_plain, series_uid
 from imaging_ai.phantom import PhantomSpec, generate, write_study
-from imaging_ai.slice_read import read_plain, series_uid
 from imaging_ai.volume import Volume, group_series, load_series
 from tests.dicom_factory import ct_series
 

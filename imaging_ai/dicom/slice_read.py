@@ -8,7 +8,7 @@ numbers and ASCII text where they are expected: walking those elements with the 
 (``imaging_ai.dicom.codec``) and viewing Pixel Data in place costs a few microseconds. Anything
 else (multi-frame, compressed, localizers, undefined-length sequences, a missing or odd value)
 answers None and the caller reads the file with pydicom, which also gives the error messages;
-``tests/test_slice_read.py`` checks both paths give identical frames.
+``tests/dicom/test_slice_read.py`` checks both paths give identical frames.
 """
 
 from __future__ import annotations

@@ -11,8 +11,8 @@ from pynetdicom.pdu_primitives import A_ASSOCIATE, MaximumLengthNotification
 from pynetdicom.presentation import PresentationContext, build_context
 from pynetdicom.sop_class import CTImageStorage, Verification  # type: ignore[attr-defined]
 
-from imaging_ai import association, dul
-from imaging_ai.association import REJECT_CALLING_AE, Association, Incoming, Peer
+from imaging_ai.dicom import association, dimse, dul
+from imaging_ai.dicom.association import REJECT_CALLING_AE, Association, Incoming, Peer
 
 
 class _Acceptor:
@@ -26,7 +26,7 @@ class _Acceptor:
     def admit(self, peer: Peer) -> tuple[int, int, int] | None:
         return None if peer.address == self.allowed_address else REJECT_CALLING_AE
 
-    def begin_store(self, command: dul.Command, syntax: str, peer: Peer) -> Incoming:
+    def begin_store(self, command: dimse.Command, syntax: str, peer: Peer) -> Incoming:
         raise AssertionError("no C-STORE in these tests")
 
 

@@ -22,8 +22,8 @@ from typing import Any, Protocol
 from pydicom import Dataset
 from pynetdicom.presentation import PresentationContext, negotiate_as_acceptor
 
-from imaging_ai import dul
 from imaging_ai.admission import Ticket
+from imaging_ai.dicom import dimse, dul
 
 log = logging.getLogger(__name__)
 
@@ -197,7 +197,7 @@ class Acceptor(Protocol):
         (``Association.admitted`` says whether it did).
         """
 
-    def begin_store(self, command: dul.Command, syntax: str, peer: Peer) -> Incoming:
+    def begin_store(self, command: dimse.Command, syntax: str, peer: Peer) -> Incoming:
         """A C-STORE request announced a data set: where its fragments go."""
 
 
@@ -316,7 +316,7 @@ class Association:
         self._abstract_syntaxes: dict[int, str] = {}
         self._artim_deadline = 0.0
         self._command = bytearray()
-        self._request: dul.Command | None = None
+        self._request: dimse.Command | None = None
         self._request_context = 0
         self._incoming: Incoming | None = None
         # TRANSITIONS with each action as this association's method: one lookup per PDU.
@@ -531,15 +531,15 @@ class Association:
                 "a new command arrived before the data set was complete",
                 dul.REASON_UNEXPECTED_PARAMETER,
             )
-        if len(self._command) + len(pdv.data) > dul.MAX_COMMAND_LENGTH:
-            raise dul.ProtocolError(f"command set longer than {dul.MAX_COMMAND_LENGTH} bytes")
+        if len(self._command) + len(pdv.data) > dimse.MAX_COMMAND_LENGTH:
+            raise dul.ProtocolError(f"command set longer than {dimse.MAX_COMMAND_LENGTH} bytes")
         self._command += pdv.data
         if not pdv.is_last:
             return
-        request = dul.decode_command(self._command)
+        request = dimse.decode_command(self._command)
         self._command = bytearray()
         self._request, self._request_context = request, pdv.context_id
-        if request.get("CommandDataSetType", dul.NO_DATASET) == dul.NO_DATASET:
+        if request.get("CommandDataSetType", dimse.NO_DATASET) == dimse.NO_DATASET:
             self._dispatch(None)
         elif not self._serves(request, pdv.context_id):
             self._incoming = _NotServed()
@@ -547,7 +547,7 @@ class Association:
             syntax = str(self.contexts[pdv.context_id].transfer_syntax[0])
             self._incoming = self.acceptor.begin_store(request, syntax, self.peer)
 
-    def _serves(self, request: dul.Command, context_id: int) -> bool:
+    def _serves(self, request: dimse.Command, context_id: int) -> bool:
         """Whether the request's SOP Class, if it names one, is its context's."""
         sop_class = request.get("AffectedSOPClassUID")
         return sop_class is None or sop_class == self._abstract_syntaxes[context_id]
@@ -569,21 +569,21 @@ class Association:
         assert request is not None
         self._request = None
         field = int(request.get("CommandField", 0))
-        if field == dul.C_STORE_RQ and incoming is not None:
+        if field == dimse.C_STORE_RQ and incoming is not None:
             status = incoming.finish()
-            answer = dul.response(
-                request, dul.C_STORE_RSP, status.Status, str(status.get("ErrorComment", ""))
+            answer = dimse.response(
+                request, dimse.C_STORE_RSP, status.Status, str(status.get("ErrorComment", ""))
             )
         elif incoming is not None:  # a data set with a request we do not serve
             incoming.discard()
-            answer = dul.response(request, field | 0x8000, STATUS_UNRECOGNIZED_OPERATION)
-        elif field == dul.C_ECHO_RQ:
+            answer = dimse.response(request, field | 0x8000, STATUS_UNRECOGNIZED_OPERATION)
+        elif field == dimse.C_ECHO_RQ:
             served = self._serves(request, context_id)
-            answer = dul.response(
-                request, dul.C_ECHO_RSP, 0x0000 if served else STATUS_SOP_CLASS_NOT_SUPPORTED
+            answer = dimse.response(
+                request, dimse.C_ECHO_RSP, 0x0000 if served else STATUS_SOP_CLASS_NOT_SUPPORTED
             )
         else:
-            answer = dul.response(request, field | 0x8000, STATUS_UNRECOGNIZED_OPERATION)
+            answer = dimse.response(request, field | 0x8000, STATUS_UNRECOGNIZED_OPERATION)
         self.sock.sendall(dul.encode_command_pdu(context_id, answer))
 
     def _send_quietly(self, pdu: bytes) -> None:

@@ -9,7 +9,7 @@ import tracemalloc
 
 import pytest
 
-from imaging_ai import dul
+from imaging_ai.dicom import dul
 
 MAX_PDU = 16384
 

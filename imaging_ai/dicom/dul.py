@@ -1,10 +1,11 @@
-"""Takes a connected socket and gives DICOM upper-layer PDUs, PDVs and DIMSE command sets (PS3.7/8).
+"""Takes a connected socket and gives DICOM upper-layer PDUs and PDVs (PS3.8).
 
 The storage SCP's data path lives here instead of in pynetdicom's reactor: pynetdicom hands
 every PDU between two polling threads and reads 4 KB at a time, which costs about 5 ms of
 CPU per 512×512 image on two cores (see shared/PEERS.md). pynetdicom's own PDU classes still
 decode and encode association negotiation, and its presentation-context negotiation is used
-as is; this module only frames PDUs and DIMSE messages.
+as is; this module only frames PDUs. The DIMSE messages they carry are ``dimse``'s, the
+association's state machine is ``association``'s.
 """
 
 from __future__ import annotations
@@ -14,9 +15,7 @@ import ssl
 import struct
 from collections.abc import Container, Iterator
 from dataclasses import dataclass
-from typing import Any
 
-from pydicom import Dataset
 from pydicom.uid import UID, generate_uid
 from pynetdicom.pdu import A_ASSOCIATE_AC, A_ASSOCIATE_RQ
 from pynetdicom.pdu_primitives import (
@@ -28,7 +27,6 @@ from pynetdicom.pdu_primitives import (
 from pynetdicom.presentation import PresentationContext
 
 from imaging_ai import __version__
-from imaging_ai.dicom import codec
 
 # PDU types, PS3.8 section 9.3.1.
 A_ASSOCIATE_RQ_TYPE = 0x01
@@ -44,16 +42,8 @@ APPLICATION_CONTEXT = UID("1.2.840.10008.3.1.1.1")
 IMPLEMENTATION_CLASS_UID = generate_uid(entropy_srcs=["imaging-ai implementation class"])
 IMPLEMENTATION_VERSION = f"IMAGING_AI_{__version__}"[:16]
 
-# DIMSE command fields, PS3.7 section E.1.
-C_STORE_RQ = 0x0001
-C_STORE_RSP = 0x8001
-C_ECHO_RQ = 0x0030
-C_ECHO_RSP = 0x8030
-NO_DATASET = 0x0101
-
 _HEADER = struct.Struct(">BBL")
 _PDV_HEADER = struct.Struct(">LBB")
-_PREAMBLE = b"\x00" * 128 + b"DICM"
 # A P-DATA-TF may exceed the negotiated maximum by its PDV item headers (6 bytes each);
 # this much is tolerated, for up to 64 PDVs.
 _PDV_HEADERS_ALLOWED = 6 * 64
@@ -61,8 +51,6 @@ _PDV_HEADERS_ALLOWED = 6 * 64
 MAX_ASSOCIATE_LENGTH = 65536
 # Body length of A-ASSOCIATE-RJ, A-RELEASE-RQ/RP and A-ABORT (PS3.8 section 9.3).
 _FIXED_LENGTH = 4
-# Largest DIMSE command set taken (a C-STORE-RQ's is ~200 bytes).
-MAX_COMMAND_LENGTH = codec.MAX_COMMAND_LENGTH
 # A PDU body is read into a buffer that grows as its bytes arrive, from this size: a length
 # field is the peer's claim, and 0xFFFFFFFF must not buy 4 GiB of zeroed memory.
 _FIRST_BUFFER = 65536
@@ -380,153 +368,7 @@ def encode_abort(
     return _HEADER.pack(A_ABORT_TYPE, 0, 4) + bytes((0, 0, source, reason))
 
 
-# Command elements (group 0000, PS3.7 section E.1) a storage SCP reads, with their VRs;
-# others are skipped.
-_COMMAND_ELEMENTS = {
-    0x0000: ("CommandGroupLength", "UL"),
-    0x0002: ("AffectedSOPClassUID", "UI"),
-    0x0003: ("RequestedSOPClassUID", "UI"),
-    0x0100: ("CommandField", "US"),
-    0x0110: ("MessageID", "US"),
-    0x0120: ("MessageIDBeingRespondedTo", "US"),
-    0x0600: ("MoveDestination", "AE"),
-    0x0700: ("Priority", "US"),
-    0x0800: ("CommandDataSetType", "US"),
-    0x0900: ("Status", "US"),
-    0x0902: ("ErrorComment", "LO"),
-    0x0903: ("ErrorID", "US"),
-    0x1000: ("AffectedSOPInstanceUID", "UI"),
-    0x1001: ("RequestedSOPInstanceUID", "UI"),
-    0x1030: ("MoveOriginatorApplicationEntityTitle", "AE"),
-    0x1031: ("MoveOriginatorMessageID", "US"),
-}
-_COMMAND_TAGS = frozenset(_COMMAND_ELEMENTS)  # group 0000: the element number is the tag
-_GROUP_END = 0x00010000
-
-
-class Command:
-    """A decoded DIMSE command set: its elements by keyword, read like a pydicom Dataset."""
-
-    __slots__ = ("_values",)
-
-    def __init__(self, values: dict[str, int | str]) -> None:
-        self._values = values
-
-    def get(self, keyword: str, default: Any = None) -> Any:
-        """The element's value, or ``default`` when absent."""
-        return self._values.get(keyword, default)
-
-    def __contains__(self, keyword: object) -> bool:
-        return keyword in self._values
-
-    def __getattr__(self, keyword: str) -> Any:
-        try:
-            return self._values[keyword]
-        except KeyError:
-            raise AttributeError(keyword) from None
-
-
-def decode_command(data: bytes | bytearray) -> Command:
-    """A DIMSE command set (always implicit VR little endian), decoded directly.
-
-    Through pydicom, decoding a C-STORE-RQ and reading its elements took ~80 µs per image.
-
-    Raises
-    ------
-    ProtocolError
-        An element outside group 0000, or one cut off or of the wrong length for its VR.
-    """
-    data = bytes(data)  # the command buffer (bytearray): ~200 bytes
-    walked = codec.walk(data, 0, len(data), explicit=False, kept=_COMMAND_TAGS, stop=_GROUP_END)
-    if walked is None:
-        raise ProtocolError(
-            "malformed DIMSE command set: it ends inside an element, or an element has an "
-            "undefined length"
-        )
-    if walked.stop >= 0:
-        tag = walked.stop_tag
-        raise ProtocolError(
-            f"malformed DIMSE command set: element ({tag >> 16:04X},{tag & 0xFFFF:04X}) "
-            f"outside group 0000 at {walked.stop}"
-        )
-    values: dict[str, int | str] = {}
-    for tag, (_, _, raw) in walked.elements.items():
-        keyword, vr = _COMMAND_ELEMENTS[tag]
-        values[keyword] = _command_value(vr, raw)
-    return Command(values)
-
-
-def _command_value(vr: str, raw: bytes) -> int | str:
-    if vr not in codec.NUMBER_FORMATS:
-        return raw.decode("ascii", "replace").strip("\x00 ")
-    value = codec.number(raw, vr)
-    if value is None:
-        raise ProtocolError(f"malformed DIMSE command set: {vr} value of {len(raw)} bytes")
-    return value
-
-
 def encode_command_pdu(context_id: int, command: bytes) -> bytes:
     """A P-DATA-TF PDU carrying a whole encoded command set in one PDV."""
     pdv = _PDV_HEADER.pack(len(command) + 2, context_id, 0x03) + command
     return _HEADER.pack(P_DATA_TF_TYPE, 0, len(pdv)) + pdv
-
-
-def part10_header(
-    sop_class_uid: str, sop_instance_uid: str, transfer_syntax_uid: str, source_ae: str = ""
-) -> bytes:
-    """Preamble, "DICM" and the File Meta Information group of a Part-10 file (PS3.10 7.1).
-
-    Encoded directly: building it through pydicom costs more than the rest of a C-STORE's
-    bookkeeping. The group is always explicit VR little endian.
-    """
-    elements = b"".join(
-        (
-            codec.explicit_element(0x00020001, "OB", b"\x00\x01"),
-            _meta_element(0x0002, "UI", sop_class_uid),
-            _meta_element(0x0003, "UI", sop_instance_uid),
-            _meta_element(0x0010, "UI", transfer_syntax_uid),
-            _meta_element(0x0012, "UI", IMPLEMENTATION_CLASS_UID),
-            _meta_element(0x0013, "SH", IMPLEMENTATION_VERSION),
-            _meta_element(0x0016, "AE", source_ae) if source_ae else b"",
-        )
-    )
-    group_length = codec.explicit_element(0x00020000, "UL", struct.pack("<L", len(elements)))
-    return _PREAMBLE + group_length + elements
-
-
-def _meta_element(element: int, vr: str, value: str) -> bytes:
-    """One short explicit-VR element of group 0002, padded to even length (UI with NUL)."""
-    return codec.explicit_element(0x00020000 | element, vr, codec.padded(value, vr))
-
-
-def response(
-    request: Command | Dataset, command_field: int, status: int, comment: str = ""
-) -> bytes:
-    """The encoded response command set (group length first) to a C-STORE or C-ECHO request.
-
-    Encoded directly, implicit VR little endian (PS3.7 section 6.3.1) with the elements in tag
-    order: through pydicom it took a tenth of a millisecond, on every C-STORE.
-    """
-    elements = [
-        _command_text(0x0002, str(request.get("AffectedSOPClassUID", "")), "UI"),
-        _command_us(0x0100, command_field),
-        _command_us(0x0120, int(request.get("MessageID", 0))),
-        _command_us(0x0800, NO_DATASET),
-        _command_us(0x0900, status),
-    ]
-    if comment:
-        # Error Comment is LO: at most 64 characters.
-        elements.append(_command_text(0x0902, comment[:64], "LO"))
-    instance = request.get("AffectedSOPInstanceUID")
-    if instance is not None:
-        elements.append(_command_text(0x1000, str(instance), "UI"))
-    body = b"".join(elements)
-    return codec.implicit_element(0x00000000, struct.pack("<L", len(body))) + body
-
-
-def _command_us(element: int, value: int) -> bytes:
-    return codec.implicit_element(element, struct.pack("<H", value))
-
-
-def _command_text(element: int, value: str, vr: str) -> bytes:
-    return codec.implicit_element(element, codec.padded(value, vr))
