@@ -4,7 +4,7 @@ highdicom builds a SEG's Per-Frame Functional Groups as one pydicom Dataset tree
 packs the pixels frame by frame; for a 300-slice CT with lungs that is about 630 frames and
 half a second, and pydicom spends as long again writing the trees out. Here the frames are
 made as highdicom makes them (same attributes, same order, same values, checked byte for byte
-against highdicom in ``tests/outputs/test_segframes.py``), but:
+against highdicom in ``tests/outputs/test_encoded.py``), but:
 
 - what a frame shares with the other segments' frames on the same slice (Derivation Image
   Sequence, Plane Position Sequence) is encoded once per slice with pydicom's own writer, and

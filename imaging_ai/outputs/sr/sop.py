@@ -21,7 +21,6 @@ from pydicom.sr.codedict import codes
 from pydicom.uid import generate_uid
 
 from imaging_ai.modelcard import CodedConcept
-from imaging_ai.outputs import srrefs
 from imaging_ai.outputs.common import (
     AI_STATEMENT,
     CT_CHEST,
@@ -37,6 +36,7 @@ from imaging_ai.outputs.common import (
     with_type2,
 )
 from imaging_ai.outputs.seg import EncodedSegmentation
+from imaging_ai.outputs.sr.references import placeholder, put_source_images
 from imaging_ai.outputs.uids import OutputUids
 
 if TYPE_CHECKING:  # importing it loads the inference engines
@@ -100,7 +100,7 @@ def build_measurement_report(
     sr = _document(report[0], evidence, algorithm, uids, when, series_number)
     pin_clock(sr, when)
     if isinstance(segmentation, EncodedSegmentation) and segmentation.segments is not None:
-        srrefs.put_source_images(sr, {s.number: s.sources for s in segmentation.segments})
+        put_source_images(sr, {s.number: s.sources for s in segmentation.segments})
     return sr
 
 
@@ -143,7 +143,7 @@ def referenced_segments(
     An encoded SEG says which images each segment lies on; a highdicom one is searched frame
     by frame (``ReferencedSegment.from_segmentation``), which gives the same references.
     With ``placeholders``, each reference names the source series instead, for
-    :func:`~imaging_ai.outputs.srrefs.put_source_images` to replace by the images.
+    :func:`~imaging_ai.outputs.sr.references.put_source_images` to replace by the images.
     """
     if isinstance(segmentation, EncodedSegmentation) and segmentation.segments is not None:
         seg = segmentation.dataset
@@ -153,7 +153,7 @@ def referenced_segments(
                 sop_instance_uid=seg.SOPInstanceUID,
                 segment_number=s.number,
                 source_images=None if placeholders else _source_images(s.sources),
-                source_series=srrefs.placeholder(str(s.sources[0].SeriesInstanceUID))
+                source_series=placeholder(str(s.sources[0].SeriesInstanceUID))
                 if placeholders
                 else None,
             )

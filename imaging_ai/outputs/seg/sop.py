@@ -28,7 +28,6 @@ from pydicom.dataset import Dataset
 from pydicom.valuerep import format_number_as_ds
 
 from imaging_ai.errors import UnsupportedInput
-from imaging_ai.outputs import segframes
 from imaging_ai.outputs.common import (
     ARTIFICIAL_INTELLIGENCE,
     LUNG,
@@ -42,6 +41,7 @@ from imaging_ai.outputs.common import (
     pin_clock,
     with_type2,
 )
+from imaging_ai.outputs.seg.frames import check_frame_size, encode_frames, pack, source_references
 from imaging_ai.outputs.uids import OutputUids
 from imaging_ai.postprocess import LEFT_LUNG, RIGHT_LUNG, Lesion
 
@@ -136,7 +136,7 @@ def encode_segmentation(
     series_number: int = SEG_SERIES_NUMBER,
 ) -> EncodedSegmentation:
     """The SEG of :func:`build_segmentation` (empty frames omitted), with its frames encoded
-    by :mod:`~imaging_ai.outputs.segframes` rather than by highdicom frame by frame.
+    by :mod:`~imaging_ai.outputs.seg.frames` rather than by highdicom frame by frame.
 
     highdicom still builds everything but the frames, from a stand-in label map with one
     pixel of each segment; the frames then replace the stand-in's. A multi-frame source, or
@@ -154,7 +154,7 @@ def encode_segmentation(
             "the models found neither lung nor lesion: there is nothing to segment"
         )
     rows, columns = analysis.labels.shape[1:]
-    if plane_order is not None or not segframes.check_frame_size(rows, columns):
+    if plane_order is not None or not check_frame_size(rows, columns):
         labels, _ = segment_label_map(analysis, algorithm, uids)
         pixels = labels if plane_order is None else labels[plane_order]
         seg = reference_segmentation(
@@ -169,9 +169,9 @@ def encode_segmentation(
         sources[:1], stand_in, descriptions, algorithm, uids, created, series_number, True
     )
     _spacing_between_slices(seg, sources)
-    for element in segframes.source_references(sources):
+    for element in source_references(sources):
         seg[element.tag] = element
-    frames = segframes.encode_frames(_packed_frames(analysis, by_key, kept), sources)
+    frames = encode_frames(_packed_frames(analysis, by_key, kept), sources)
     seg.NumberOfFrames = frames.count
     seg[frames.per_frame.tag] = frames.per_frame
     # OB, as pydicom resolves "OB or OW" for 1-bit pixels when highdicom's SEG is written.
@@ -307,7 +307,7 @@ def _packed_frames(
             packed[number] = _organ_frames(labels, _ORGAN_LABELS[kept[number - 1]], lesion_planes)
     for k, plane in lesion_planes.items():
         for number in np.unique(plane[plane > 0]).tolist():
-            packed.setdefault(number, {})[k] = segframes.pack(plane == number)
+            packed.setdefault(number, {})[k] = pack(plane == number)
     return {n: packed[n] for n in sorted(packed)}
 
 
@@ -320,7 +320,7 @@ def _organ_frames(
         if k in lesion_planes:
             mask &= lesion_planes[k] == 0
         if mask.any():
-            frames[k] = segframes.pack(mask)
+            frames[k] = pack(mask)
     return frames
 
 

@@ -8,7 +8,7 @@ with one "Source series for segmentation" item per group in their place (the doc
 evidence and everything else are highdicom's), and then each placeholder becomes the
 segment's "Source image for segmentation" items: highdicom's own item, encoded once, with each
 image's UIDs. The content tree is then held encoded (:mod:`~imaging_ai.outputs.encoding`).
-``tests/outputs/test_srrefs.py`` checks the bytes against the SR highdicom builds whole.
+``tests/outputs/test_encoded.py`` checks the bytes against the SR highdicom builds whole.
 """
 
 from __future__ import annotations

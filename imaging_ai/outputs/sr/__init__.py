@@ -1,0 +1,13 @@
+"""The Comprehensive 3D SR IOD (PS3.3 A.35.13) holding TID 1500, the daemon's Measurement Report.
+
+``sop`` builds the document with highdicom; ``references`` puts each segment's source images
+into it, encoded once instead of item by item.
+"""
+
+from imaging_ai.outputs.sr.sop import (
+    SR_SERIES_NUMBER,
+    build_measurement_report,
+    device_uid,
+)
+
+__all__ = ["SR_SERIES_NUMBER", "build_measurement_report", "device_uid"]
