@@ -45,15 +45,10 @@ from imaging_ai.admission import Gate, Places, Ticket
 from imaging_ai.catalog import CATALOG_KEYWORDS, Catalog, InstanceMeta, meta_from_dataset
 from imaging_ai.config import DicomConfig
 from imaging_ai.dicom import codec, dataset_head, part10
-from imaging_ai.dicom.association import (
-    REJECT_BUSY,
-    REJECT_CALLED_AE,
-    REJECT_CALLING_AE,
-    Association,
-    Peer,
-)
+from imaging_ai.dicom.association import Association, Peer
 from imaging_ai.dicom.dataset_head import HeadValues, PixelFacts, needed_bytes
 from imaging_ai.dicom.dimse import Command
+from imaging_ai.dicom.negotiation import REJECT_BUSY, REJECT_CALLED_AE, REJECT_CALLING_AE
 from imaging_ai.errors import (
     DuplicateSOPInstance,
     InvalidDataset,

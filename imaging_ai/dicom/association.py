@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import socket
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -20,21 +19,15 @@ from enum import StrEnum
 from typing import Any, Protocol
 
 from pydicom import Dataset
-from pynetdicom.presentation import PresentationContext, negotiate_as_acceptor
+from pynetdicom.presentation import PresentationContext
 
 from imaging_ai.admission import Ticket
-from imaging_ai.dicom import dimse, dul
+from imaging_ai.dicom import dimse, dul, negotiation
 
 log = logging.getLogger(__name__)
 
 STATUS_SOP_CLASS_NOT_SUPPORTED = 0x0122
 STATUS_UNRECOGNIZED_OPERATION = 0x0211
-# A-ASSOCIATE-RJ (result, source, diagnostic), PS3.8 section 9.3.4.
-REJECT_CALLING_AE = (0x01, 0x01, 0x03)
-REJECT_CALLED_AE = (0x01, 0x01, 0x07)
-REJECT_PROTOCOL_VERSION = (0x01, 0x02, 0x02)
-REJECT_BUSY = (0x02, 0x03, 0x02)
-_SOURCE_ACSE = 0x02  # an A-ASSOCIATE-RJ source: the service provider's ACSE function
 # How long Sta13 waits for the peer to close after our last PDU. It only bounds how long a
 # peer that never closes holds its thread and place: closing first loses nothing.
 ARTIM_S = 1.0
@@ -201,79 +194,6 @@ class Acceptor(Protocol):
         """A C-STORE request announced a data set: where its fragments go."""
 
 
-@dataclass(frozen=True)
-class _Offer:
-    """An A-ASSOCIATE-RQ's AE titles and the negotiated answer to it."""
-
-    calling_ae: str
-    called_ae: str
-    # The A-ASSOCIATE-RJ its fixed fields earn (protocol version, AE titles), if any.
-    refused: tuple[int, int, int] | None
-    contexts: dict[int, PresentationContext]  # accepted, by presentation context ID
-    abstract_syntaxes: dict[int, str]  # of the accepted contexts, by ID
-    accept: bytes  # the A-ASSOCIATE-AC PDU
-
-
-# A sender repeats the same request for every association (storescu proposes ~120 contexts,
-# whose decoding and negotiation took ~20 ms); the answer to a request already seen is reused.
-_OFFERS: dict[tuple[object, ...], _Offer] = {}
-_OFFERS_LOCK = threading.Lock()
-_OFFERS_KEPT = 64
-
-
-def _answer(body: bytes, acceptor: Acceptor) -> _Offer:
-    """What to answer an A-ASSOCIATE-RQ body (admission aside)."""
-    ours = tuple((str(cx.abstract_syntax), tuple(cx.transfer_syntax)) for cx in acceptor.contexts)
-    key = (acceptor.max_pdu, ours, body)
-    with _OFFERS_LOCK:
-        offer = _OFFERS.get(key)
-    if offer is not None:
-        return offer
-    offer = _negotiated(body, acceptor)
-    with _OFFERS_LOCK:
-        if len(_OFFERS) >= _OFFERS_KEPT:
-            _OFFERS.clear()
-        _OFFERS[key] = offer
-    return offer
-
-
-def _negotiated(body: bytes, acceptor: Acceptor) -> _Offer:
-    called, calling = (_title(body[field]) for field in (dul.CALLED_AE_FIELD, dul.CALLING_AE_FIELD))
-    refused = _refusal(body)
-    if refused is not None:
-        return _Offer(calling, called, refused, {}, {}, b"")
-    request = dul.decode_associate_rq(bytearray(body))
-    results, _roles = negotiate_as_acceptor(
-        request.presentation_context_definition_list, acceptor.contexts, None
-    )
-    contexts = {int(cx.context_id or 0): cx for cx in results if cx.result == 0x00}
-    return _Offer(
-        calling_ae=calling,
-        called_ae=called,
-        refused=None,
-        contexts=contexts,
-        abstract_syntaxes={cid: str(cx.abstract_syntax) for cid, cx in contexts.items()},
-        accept=dul.encode_associate_ac(request, results, acceptor.max_pdu),
-    )
-
-
-def _refusal(body: bytes) -> tuple[int, int, int] | None:
-    """The A-ASSOCIATE-RJ a request's fixed fields earn, before its items are decoded."""
-    if len(body) < 36:
-        raise dul.ProtocolError(f"A-ASSOCIATE-RQ of {len(body)} bytes has no AE titles")
-    if not dul.supports_protocol_version_1(body):
-        return REJECT_PROTOCOL_VERSION
-    if not dul.is_ae_title(body[dul.CALLED_AE_FIELD]):
-        return REJECT_CALLED_AE
-    if not dul.is_ae_title(body[dul.CALLING_AE_FIELD]):
-        return REJECT_CALLING_AE
-    return None
-
-
-def _title(field: bytes) -> str:
-    return field.decode("ascii", "replace").strip()
-
-
 class _NotServed:
     """The data set of a C-STORE whose SOP Class is not its context's: read and dropped."""
 
@@ -312,7 +232,7 @@ class Association:
         self.peer = Peer("", "", address)
         self.contexts: dict[int, PresentationContext] = {}
         self.released = False  # the peer ended it with A-RELEASE-RQ: it says it is done
-        self._offer: _Offer | None = None
+        self._offer: negotiation.Offer | None = None
         self._abstract_syntaxes: dict[int, str] = {}
         self._artim_deadline = 0.0
         self._command = bytearray()
@@ -425,10 +345,10 @@ class Association:
     def _ae_6(self, body: memoryview) -> State:
         if self.ticket is not None and not self.ticket.settle():
             return State.STA1  # its ARTIM ran out meanwhile: the gate has closed it (AA-2)
-        offer = _answer(bytes(body), self.acceptor)
+        offer = negotiation.answer(bytes(body), self.acceptor.max_pdu, self.acceptor.contexts)
         self._offer = offer
         self.peer = Peer(offer.calling_ae, offer.called_ae, self.address)
-        if offer.refused is not None and offer.refused[1] == _SOURCE_ACSE:
+        if offer.refused is not None and offer.refused[1] == negotiation.SOURCE_ACSE:
             log.warning("association from %s refused: protocol version not 1", self.address)
             return self._ae_8(dul.encode_associate_rj(*offer.refused))
         return State.STA3

@@ -11,8 +11,9 @@ from pynetdicom.pdu_primitives import A_ASSOCIATE, MaximumLengthNotification
 from pynetdicom.presentation import PresentationContext, build_context
 from pynetdicom.sop_class import CTImageStorage, Verification  # type: ignore[attr-defined]
 
-from imaging_ai.dicom import association, dimse, dul
-from imaging_ai.dicom.association import REJECT_CALLING_AE, Association, Incoming, Peer
+from imaging_ai.dicom import dimse, dul, negotiation
+from imaging_ai.dicom.association import Association, Incoming, Peer
+from imaging_ai.dicom.negotiation import REJECT_CALLING_AE
 
 
 class _Acceptor:
@@ -66,11 +67,11 @@ def _negotiate(
 
 
 def test_a_repeated_request_reuses_the_answer_but_each_peer_is_admitted_afresh() -> None:
-    association._OFFERS.clear()
+    negotiation._OFFERS.clear()
     acceptor = _Acceptor(allowed_address="10.0.0.5")
     first_type, first = _negotiate(acceptor, "10.0.0.5")
     assert first_type == dul.A_ASSOCIATE_AC_TYPE
-    assert len(association._OFFERS) == 1
+    assert len(negotiation._OFFERS) == 1
     assert first.peer == Peer("PACS", "IMAGING_AI", "10.0.0.5")
     assert set(first.contexts) == {1}  # CT accepted; Verification not offered by us
     # The same bytes from a host that is not allowed: rejected, though the answer is cached.
@@ -79,17 +80,17 @@ def test_a_repeated_request_reuses_the_answer_but_each_peer_is_admitted_afresh()
     again_type, again = _negotiate(acceptor, "10.0.0.5")
     assert again_type == dul.A_ASSOCIATE_AC_TYPE
     assert again.contexts is first.contexts
-    assert len(association._OFFERS) == 1
+    assert len(negotiation._OFFERS) == 1
 
 
 def test_another_calling_ae_or_other_contexts_are_negotiated_anew() -> None:
-    association._OFFERS.clear()
+    negotiation._OFFERS.clear()
     acceptor = _Acceptor(allowed_address="10.0.0.5")
     _negotiate(acceptor, "10.0.0.5", calling_ae="PACS")
     _negotiate(acceptor, "10.0.0.5", calling_ae="OTHER")
-    assert len(association._OFFERS) == 2
+    assert len(negotiation._OFFERS) == 2
     verification_too = _Acceptor(allowed_address="10.0.0.5")
     verification_too.contexts.append(build_context(Verification))
     _, assoc = _negotiate(verification_too, "10.0.0.5")
     assert set(assoc.contexts) == {1, 3}
-    assert len(association._OFFERS) == 3
+    assert len(negotiation._OFFERS) == 3

@@ -36,16 +36,11 @@ from sqlalchemy.orm import Session
 from imaging_ai.db.models import Instance
 from imaging_ai.db.session import make_engine, upgrade
 from imaging_ai.dicom import association, dimse, dul
-from imaging_ai.dicom.association import (
+from imaging_ai.dicom.association import TRANSITIONS, Association, Event, Incoming, Peer, State
+from imaging_ai.dicom.negotiation import (
     REJECT_CALLED_AE,
     REJECT_CALLING_AE,
     REJECT_PROTOCOL_VERSION,
-    TRANSITIONS,
-    Association,
-    Event,
-    Incoming,
-    Peer,
-    State,
 )
 from imaging_ai.receive import Receiver
 from tests.dicom_factory import ct_series
