@@ -1,0 +1,62 @@
+"""Gives the states of the daemon's state machines, one `StrEnum` each.
+
+A member equals its value (``StudyState.QUEUED == "queued"``), and the value is what the
+database stores, the JSON API and the metrics show and the templates compare: changing one
+changes stored data, so a value is never renamed without a migration.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class StudyState(StrEnum):
+    """Where a study (``studies.state``) is on its way from PACS to RIS."""
+
+    # Instances arriving. The assembler completes it (idle timers, the release rule,
+    # ``force_complete_s``, an administrator's force-complete) and queues its job.
+    RECEIVING = "receiving"
+    # Complete; its job waits in the queue. A claim moves it on; a requeue brings it back.
+    QUEUED = "queued"
+    # A node's processor holds its job under a lease.
+    PROCESSING = "processing"
+    # Results written and the report committed; deliveries pending. Done once none is.
+    DELIVERING = "delivering"
+    # Nothing left to do: every delivery done or cancelled, or no destination configured.
+    DONE = "done"
+    # Could not be analysed; the reason is in ``studies.error``. An administrator's retry
+    # queues it again.
+    FAILED = "failed"
+
+
+class JobState(StrEnum):
+    """A job (``jobs.state``): the queue row nodes claim."""
+
+    # Waiting for a claim, in policy order (urgent first, then earliest deadline).
+    QUEUED = "queued"
+    # Claimed by ``jobs.node`` until ``jobs.lease_until``; an expired lease, a dead process,
+    # shutdown or a transient failure queues it again.
+    PROCESSING = "processing"
+    # Report, results and deliveries committed.
+    DONE = "done"
+    # Given up, with the reason in ``jobs.error``; an administrator's retry queues it again.
+    FAILED = "failed"
+
+
+class DeliveryState(StrEnum):
+    """One result to one destination (``deliveries.state``): the outbox."""
+
+    # To be sent at ``next_try_at`` (a claim pushes it on by the send lease; a failure backs
+    # it off). Done once the destination confirmed it.
+    PENDING = "pending"
+    # PACS answered a storage success or warning, or RIS answered AA.
+    DONE = "done"
+    # Stopped by an administrator; never sent again.
+    CANCELLED = "cancelled"
+
+
+class ReportStatus(StrEnum):
+    """A report's status (``reports.status``), in the words of FHIR's DiagnosticReport."""
+
+    # Written by the models, not verified by a radiologist: every report the daemon writes.
+    PRELIMINARY = "preliminary"
