@@ -60,3 +60,17 @@ class ReportStatus(StrEnum):
 
     # Written by the models, not verified by a radiologist: every report the daemon writes.
     PRELIMINARY = "preliminary"
+
+
+class ChildState(StrEnum):
+    """Where a child supervised by `imaging_ai.supervise` (a DICOM receiver) is in its life."""
+
+    # Started, and not seen to exit since.
+    RUNNING = "running"
+    # Exited; waiting out its backoff before the supervisor starts it again.
+    RESTARTING = "restarting"
+    # Left down after `Backoff.give_up_after` crashes in a row.
+    FAILED = "failed"
+    # Stopped by the supervisor (shutdown).
+    STOPPED = "stopped"
+
