@@ -74,3 +74,31 @@ class ChildState(StrEnum):
     # Stopped by the supervisor (shutdown).
     STOPPED = "stopped"
 
+
+class WorkerState(StrEnum):
+    """An inference worker slot of `imaging_ai.workers.WorkerPool`, across restarts."""
+
+    # Its process was started and loads and warms up its engines (``start_timeout_s``).
+    STARTING = "starting"
+    # Engines loaded: it takes batches. A crash or hang starts it again.
+    READY = "ready"
+    # Left down: it could not start a process, died while the pool was not running, or a
+    # CPU worker crashed ``max_restarts`` times in a row (a GPU one comes back on the CPU).
+    FAILED = "failed"
+    # The pool stopped it.
+    STOPPED = "stopped"
+
+
+class PoolPhase(StrEnum):
+    """The life of a `imaging_ai.workers.WorkerPool`."""
+
+    # Made, not started.
+    NEW = "new"
+    # Its workers start; `start` waits until each is ready or one failed.
+    STARTING = "starting"
+    # Every worker was ready: batches are taken, and a worker that dies is restarted.
+    RUNNING = "running"
+    # `stop` lets the batches in flight finish and refuses new ones.
+    STOPPING = "stopping"
+    # Workers ended; the watchdog thread exits.
+    STOPPED = "stopped"
