@@ -15,6 +15,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from imaging_ai.config import AssembleConfig, PriorityConfig, PriorityRule
 from imaging_ai.db.models import Job, Series, Study
 from imaging_ai.db.session import utcnow
+from imaging_ai.states import JobState, StudyState
 
 log = logging.getLogger(__name__)
 
@@ -146,7 +147,7 @@ class Assembler:
         )
         idle = (Study.last_instance_at <= study_cutoff) & ~open_series.exists()
         query = select(Study.id).where(
-            Study.state == "receiving", idle | (Study.received_at <= force_cutoff)
+            Study.state == StudyState.RECEIVING, idle | (Study.received_at <= force_cutoff)
         )
         with self.sessions() as s:
             due = [(i, "") for i in s.scalars(query.order_by(Study.received_at))]
@@ -159,11 +160,13 @@ class Assembler:
     def _released(self, s: Session, now: datetime) -> list[int]:
         """Released studies past their grace; notes when the next one falls due."""
         grace = timedelta(seconds=self.config.release_grace_s)
-        waiting = select(Study.id).where(Study.state == "receiving", released_quietly())
+        waiting = select(Study.id).where(Study.state == StudyState.RECEIVING, released_quietly())
         due = list(s.scalars(waiting.where(Study.released_at <= now - grace)))
         later = s.scalar(
             select(func.min(Study.released_at)).where(
-                Study.state == "receiving", released_quietly(), Study.released_at > now - grace
+                Study.state == StudyState.RECEIVING,
+                released_quietly(),
+                Study.released_at > now - grace,
             )
         )
         self._next_release = later + grace if later is not None else None
@@ -175,8 +178,8 @@ class Assembler:
             # nodes) cannot both queue the same study.
             won = s.execute(
                 update(Study)
-                .where(Study.id == study_id, Study.state == "receiving")
-                .values(state="queued")
+                .where(Study.id == study_id, Study.state == StudyState.RECEIVING)
+                .values(state=StudyState.QUEUED)
                 .execution_options(synchronize_session=False)
             )
             if won.rowcount != 1:  # type: ignore[attr-defined]
@@ -196,7 +199,7 @@ class Assembler:
     def _enqueue(self, s: Session, study: Study, now: datetime, why: str) -> None:
         c = classify(study.routing or {}, study.calling_ae, self.priority.rules)
         deadline = now + timedelta(seconds=self.priority.sla_s(c.priority))
-        study.state = "queued"
+        study.state = StudyState.QUEUED
         study.completed_at = now
         study.completion_reason = why
         study.priority = c.priority
@@ -205,7 +208,7 @@ class Assembler:
         s.add(
             Job(
                 study_id=study.id,
-                state="queued",
+                state=JobState.QUEUED,
                 priority=c.priority,
                 rank=RANKS[c.priority],
                 deadline=deadline,

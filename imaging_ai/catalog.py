@@ -20,10 +20,10 @@ from imaging_ai.db.models import Instance, Series, Study, UTCDateTime
 from imaging_ai.dicom.dataset_head import HeadValues
 from imaging_ai.errors import DuplicateSOPInstance, InvalidDataset
 from imaging_ai.spool import Spool
+from imaging_ai.states import StudyState
 
 log = logging.getLogger(__name__)
 
-RECEIVING = "receiving"
 _ID_CACHE_SIZE = 10_000
 _REQUIRED = ("StudyInstanceUID", "SeriesInstanceUID", "SOPInstanceUID", "SOPClassUID")
 # Every attribute meta_from_dataset reads (besides the routing tags).
@@ -225,7 +225,10 @@ class Catalog:
         with self.engine.begin() as conn:
             conn.execute(
                 update(Study)
-                .where(Study.study_instance_uid.in_(list(study_uids)), Study.state == RECEIVING)
+                .where(
+                    Study.study_instance_uid.in_(list(study_uids)),
+                    Study.state == StudyState.RECEIVING,
+                )
                 .values(senders=Study.senders - 1, released_at=at)
             )
 
@@ -266,7 +269,7 @@ class Catalog:
             study_date=meta.study_date,
             calling_ae=meta.calling_ae,
             routing=meta.routing,
-            state=RECEIVING,
+            state=StudyState.RECEIVING,
             received_at=at,
             last_instance_at=at,
         )
@@ -340,7 +343,8 @@ class _RowSQL:
         studies, series = Study.__tablename__, Series.__tablename__
         # The UPDATE's row count also says whether the study is still receiving (else late).
         self.touch_study = (
-            f"UPDATE {studies} SET last_instance_at = {p} WHERE id = {p} AND state = '{RECEIVING}'"
+            f"UPDATE {studies} SET last_instance_at = {p} "
+            f"WHERE id = {p} AND state = '{StudyState.RECEIVING}'"
         )
         self.count_late = f"UPDATE {studies} SET late_instances = late_instances + 1 WHERE id = {p}"
         # An association's first instance of a study; until it releases, the study is not

@@ -29,6 +29,7 @@ from imaging_ai import __version__
 from imaging_ai.config import PRIORITY_CLASSES, PriorityConfig
 from imaging_ai.db.models import ClassControl, Delivery, Instance, Job, Study
 from imaging_ai.db.session import utcnow
+from imaging_ai.states import DeliveryState, JobState
 
 log = logging.getLogger(__name__)
 
@@ -81,7 +82,7 @@ BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 # Rows finished less than this long ago are left for the next scrape (commit in flight).
 SETTLE = timedelta(seconds=30)
 STAGES = ("receive", "queue", "process", "deliver")
-OUTCOMES = ("done", "failed")
+OUTCOMES = (JobState.DONE, JobState.FAILED)
 
 
 def family(name: str, samples: Samples = ()) -> GaugeMetricFamily | CounterMetricFamily:
@@ -192,7 +193,7 @@ class DaemonCollector(Collector):
         states = s.execute(select(Study.state, func.count()).group_by(Study.state))
         rows = s.execute(
             select(Job.priority, func.count(), func.min(Job.created_at))
-            .where(Job.state == "queued")
+            .where(Job.state == JobState.QUEUED)
             .group_by(Job.priority)
         ).all()
         depth = {p: n for p, n, _ in rows}
@@ -213,7 +214,7 @@ class DaemonCollector(Collector):
         states = s.execute(select(Delivery.state, func.count()).group_by(Delivery.state))
         failing = s.execute(
             select(Delivery.destination, func.count(), func.min(Delivery.created_at))
-            .where(Delivery.state == "pending", Delivery.attempts > 0)
+            .where(Delivery.state == DeliveryState.PENDING, Delivery.attempts > 0)
             .group_by(Delivery.destination)
         )
         rows = [(dest, n, _age(now, oldest)) for dest, n, oldest in failing]
@@ -250,7 +251,7 @@ class DaemonCollector(Collector):
     def _observe_job(self, job: Job, received: datetime, completed: datetime | None) -> None:
         p = job.priority
         self._finished[p, job.state] = self._finished.get((p, job.state), 0) + 1
-        if job.state != "done" or job.finished_at is None:
+        if job.state != JobState.DONE or job.finished_at is None:
             return
         if completed is not None:
             self._turnaround.observe((p,), (job.finished_at - completed).total_seconds())
@@ -268,7 +269,7 @@ class DaemonCollector(Collector):
         query = (
             select(Delivery.created_at, Delivery.delivered_at, Study.priority)
             .join(Study, Study.id == Delivery.study_id)
-            .where(Delivery.state == "done", Delivery.delivered_at <= cutoff)
+            .where(Delivery.state == DeliveryState.DONE, Delivery.delivered_at <= cutoff)
         )
         if self._deliveries_since is not None:
             query = query.where(Delivery.delivered_at > self._deliveries_since)

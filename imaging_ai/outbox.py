@@ -29,6 +29,7 @@ from imaging_ai.config import Config, PacsDestination, RisDestination
 from imaging_ai.db.models import AuditEvent, Delivery, Study
 from imaging_ai.db.session import utcnow
 from imaging_ai.errors import DeliveryError
+from imaging_ai.states import DeliveryState, StudyState
 
 log = logging.getLogger(__name__)
 
@@ -99,7 +100,7 @@ class Outbox:
                     )
                 )
                 count += 1
-        study.state = "delivering" if count else "done"
+        study.state = StudyState.DELIVERING if count else StudyState.DONE
         # Woken once the rows are committed: woken now, the sender would look before they
         # exist and then sleep a whole poll interval.
         event.listen(s, "after_commit", lambda _session: self._wake.set(), once=True)
@@ -155,7 +156,7 @@ class Outbox:
             due = list(
                 s.scalars(
                     select(Delivery)
-                    .where(Delivery.state == "pending", Delivery.next_try_at <= now)
+                    .where(Delivery.state == DeliveryState.PENDING, Delivery.next_try_at <= now)
                     .order_by(Delivery.next_try_at, Delivery.id)
                     .limit(BATCH)
                     .with_for_update(skip_locked=True)
@@ -219,7 +220,7 @@ class Outbox:
         with self.sessions() as s, s.begin():
             for row in rows:
                 current = s.get(Delivery, row.id)
-                if current is None or current.state != "pending":
+                if current is None or current.state != DeliveryState.PENDING:
                     continue
                 current.attempts += 1
                 error = results.get(row.id, "not attempted")
@@ -237,22 +238,23 @@ class Outbox:
                         current.attempts,
                     )
                 else:
-                    current.state, current.delivered_at, current.last_error = "done", now, ""
+                    current.state, current.delivered_at = DeliveryState.DONE, now
+                    current.last_error = ""
                 _settle_study(s, current.study_id)
 
     def retry(self, delivery_id: int, actor: str) -> bool:
         """Admin action: try a pending delivery now."""
-        return self._admin(delivery_id, actor, "retry_delivery", "pending")
+        return self._admin(delivery_id, actor, "retry_delivery", DeliveryState.PENDING)
 
     def cancel(self, delivery_id: int, actor: str) -> bool:
         """Admin action: stop trying a delivery."""
-        return self._admin(delivery_id, actor, "cancel_delivery", "cancelled")
+        return self._admin(delivery_id, actor, "cancel_delivery", DeliveryState.CANCELLED)
 
-    def _admin(self, delivery_id: int, actor: str, action: str, state: str) -> bool:
+    def _admin(self, delivery_id: int, actor: str, action: str, state: DeliveryState) -> bool:
         now = utcnow()
         with self.sessions() as s, s.begin():
             row = s.get(Delivery, delivery_id)
-            if row is None or row.state not in ("pending",):
+            if row is None or row.state != DeliveryState.PENDING:
                 return False
             row.state, row.next_try_at = state, now
             s.add(
@@ -272,11 +274,13 @@ class Outbox:
 def _settle_study(s: Session, study_id: int) -> None:
     """A study is done once none of its deliveries is pending."""
     pending = s.scalars(
-        select(Delivery.id).where(Delivery.study_id == study_id, Delivery.state == "pending")
+        select(Delivery.id).where(
+            Delivery.study_id == study_id, Delivery.state == DeliveryState.PENDING
+        )
     ).first()
     study = s.get(Study, study_id)
-    if study is not None and pending is None and study.state == "delivering":
-        study.state = "done"
+    if study is not None and pending is None and study.state == StudyState.DELIVERING:
+        study.state = StudyState.DONE
 
 
 def _tls_context(files: tuple[str, str, str]) -> ssl.SSLContext:

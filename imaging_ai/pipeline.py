@@ -31,6 +31,7 @@ from imaging_ai.process import Processor
 from imaging_ai.receive_pool import ReceiverPool
 from imaging_ai.schedule import Scheduler
 from imaging_ai.spool import Spool
+from imaging_ai.states import WorkerState
 from imaging_ai.systemd import NotifySettings, Watchdog
 from imaging_ai.web.app import WebContext, create_app, database_ready, tls_options
 from imaging_ai.web.auth import TokenStore
@@ -180,7 +181,7 @@ class Daemon:
         if not workers or down:
             return f"inference workers down: {', '.join(down)}"
         # A worker is ready once its engines are loaded and warmed up; until then it starts.
-        starting = [w.device for w in workers if w.state != "ready"]
+        starting = [w.device for w in workers if w.state != WorkerState.READY]
         return f"inference workers starting: {', '.join(starting)}" if starting else "ok"
 
     def _swap_models(self, engines: EngineSet) -> None:

@@ -29,6 +29,7 @@ from imaging_ai.outputs.files import ResultFiles, write_results
 from imaging_ai.outputs.messages import MessageBuilder
 from imaging_ai.redact import exception_text
 from imaging_ai.schedule import Claim, Scheduler
+from imaging_ai.states import JobState, StudyState
 
 log = logging.getLogger(__name__)
 
@@ -262,7 +263,7 @@ class Processor:
                 },
             }
             s.add(report)
-            job.state, job.finished_at, job.lease_until = "done", created, None
+            job.state, job.finished_at, job.lease_until = JobState.DONE, created, None
             job.timings, job.notes = timings, [*job.notes, *notes]
             study.error = ""
             deliveries = self.outbox.enqueue(s, study, list(results.payloads), created)
@@ -279,13 +280,14 @@ class Processor:
         with self.sessions() as s, s.begin():
             job, study = s.get(Job, claim.job_id), s.get(Study, claim.study_id)
             assert job is not None and study is not None
-            if job.state != "processing" or job.node != self.scheduler.node:
+            if job.state != JobState.PROCESSING or job.node != self.scheduler.node:
                 # Given back meanwhile (shutdown, or a lease lost): not ours to fail.
                 log.warning("job %d no longer ours; not marked failed", claim.job_id)
                 return
             log.error("study %d failed: %s", claim.study_id, reason)
-            job.state, job.finished_at, job.lease_until, job.error = "failed", now, None, reason
-            study.state, study.error = "failed", reason
+            job.state, job.finished_at, job.lease_until = JobState.FAILED, now, None
+            job.error = reason
+            study.state, study.error = StudyState.FAILED, reason
 
 
 class EngineClock:

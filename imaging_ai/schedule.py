@@ -23,6 +23,7 @@ from imaging_ai.assemble import RANKS
 from imaging_ai.config import PRIORITY_CLASSES, PriorityConfig
 from imaging_ai.db.models import AuditEvent, ClassControl, Job, Study
 from imaging_ai.db.session import utcnow
+from imaging_ai.states import JobState, StudyState
 
 log = logging.getLogger(__name__)
 
@@ -97,7 +98,7 @@ class Scheduler:
             query = (
                 select(Job)
                 .where(
-                    Job.state == "queued",
+                    Job.state == JobState.QUEUED,
                     Job.priority.not_in(paused or {""}),
                     Job.rank <= max_rank,
                 )
@@ -113,9 +114,9 @@ class Scheduler:
             # lock, so two threads can pick the same row; only one of them changes its state.
             won = s.execute(
                 update(Job)
-                .where(Job.id == job.id, Job.state == "queued")
+                .where(Job.id == job.id, Job.state == JobState.QUEUED)
                 .values(
-                    state="processing",
+                    state=JobState.PROCESSING,
                     node=self.node,
                     started_at=now,
                     lease_until=now + self.lease,
@@ -128,7 +129,7 @@ class Scheduler:
             s.refresh(job)
             study = s.get(Study, job.study_id)
             assert study is not None
-            study.state = "processing"
+            study.state = StudyState.PROCESSING
             return Claim(
                 job.id, study.id, study.study_instance_uid, job.priority, job.deadline, job.attempts
             )
@@ -138,7 +139,7 @@ class Scheduler:
         now = now or utcnow()
         with self.sessions() as s, s.begin():
             job = s.get(Job, claim.job_id, with_for_update=True)
-            if job is None or job.node != self.node or job.state != "processing":
+            if job is None or job.node != self.node or job.state != JobState.PROCESSING:
                 return False
             job.lease_until = now + self.lease
         return True
@@ -149,15 +150,15 @@ class Scheduler:
         with self.sessions() as s, s.begin():
             jobs = s.scalars(
                 select(Job)
-                .where(Job.state == "processing", Job.lease_until < now)
+                .where(Job.state == JobState.PROCESSING, Job.lease_until < now)
                 .with_for_update(skip_locked=True)
             ).all()
             for job in jobs:
                 log.warning("job %d: lease of node %s expired; queued again", job.id, job.node)
-                job.state, job.node, job.lease_until = "queued", "", None
+                job.state, job.node, job.lease_until = JobState.QUEUED, "", None
                 study = s.get(Study, job.study_id)
                 if study is not None:
-                    study.state = "queued"
+                    study.state = StudyState.QUEUED
             return len(jobs)
 
     def requeue_orphans(self) -> int:
@@ -170,16 +171,18 @@ class Scheduler:
         name = self.node.rpartition(":")[0]
         with self.sessions() as s, s.begin():
             jobs = s.scalars(
-                select(Job).where(Job.state == "processing").with_for_update(skip_locked=True)
+                select(Job)
+                .where(Job.state == JobState.PROCESSING)
+                .with_for_update(skip_locked=True)
             ).all()
             orphans = [j for j in jobs if j.node != self.node and _dead_here(j.node, name)]
             for job in orphans:
                 log.warning("job %d: its process %s is gone; queued again", job.id, job.node)
-                job.state, job.node, job.lease_until = "queued", "", None
+                job.state, job.node, job.lease_until = JobState.QUEUED, "", None
                 job.notes = [*job.notes, "queued again after the daemon restarted"]
                 study = s.get(Study, job.study_id)
                 if study is not None:
-                    study.state = "queued"
+                    study.state = StudyState.QUEUED
             return len(orphans)
 
     def requeue(self, claim: Claim, reason: str) -> None:
@@ -188,11 +191,11 @@ class Scheduler:
             job = s.get(Job, claim.job_id)
             if job is None or job.node != self.node:
                 return
-            job.state, job.node, job.lease_until = "queued", "", None
+            job.state, job.node, job.lease_until = JobState.QUEUED, "", None
             job.notes = [*job.notes, reason]
             study = s.get(Study, claim.study_id)
             if study is not None:
-                study.state = "queued"
+                study.state = StudyState.QUEUED
         self.wake()
 
     def retry_failed(self, study_uid: str, now: datetime | None = None) -> bool:
@@ -200,7 +203,7 @@ class Scheduler:
         now = now or utcnow()
         with self.sessions() as s, s.begin():
             study = s.scalars(select(Study).where(Study.study_instance_uid == study_uid)).first()
-            if study is None or study.state != "failed":
+            if study is None or study.state != StudyState.FAILED:
                 return False
             job = s.scalars(
                 select(Job).where(Job.study_id == study.id).order_by(Job.id.desc())
@@ -208,10 +211,10 @@ class Scheduler:
             if job is None:
                 return False
             deadline = now + timedelta(seconds=self.priority.sla_s(job.priority))
-            job.state, job.error, job.deadline, job.attempts = "queued", "", deadline, 0
+            job.state, job.error, job.deadline, job.attempts = JobState.QUEUED, "", deadline, 0
             job.node, job.lease_until, job.finished_at = "", None, None
             job.notes = [*job.notes, "retried by an administrator"]
-            study.state, study.error, study.deadline = "queued", "", deadline
+            study.state, study.error, study.deadline = StudyState.QUEUED, "", deadline
         self.wake()
         return True
 
@@ -237,7 +240,7 @@ class Scheduler:
             if study is None or priority not in PRIORITY_CLASSES:
                 return False
             job = s.scalars(
-                select(Job).where(Job.study_id == study.id, Job.state == "queued")
+                select(Job).where(Job.study_id == study.id, Job.state == JobState.QUEUED)
             ).first()
             if job is None:
                 return False

@@ -22,9 +22,10 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from enum import StrEnum
 from multiprocessing.connection import wait
 from multiprocessing.process import BaseProcess
+
+from imaging_ai.states import ChildState
 
 log = logging.getLogger(__name__)
 
@@ -33,15 +34,6 @@ _PR_SET_PDEATHSIG = 1
 
 # Starts the child of a slot and returns it started: (slot index, crashes in a row) -> process.
 Launch = Callable[[int, int], BaseProcess]
-
-
-class ChildState(StrEnum):
-    """Where a supervised child is in its life."""
-
-    RUNNING = "running"
-    RESTARTING = "restarting"  # exited; waiting out its backoff
-    FAILED = "failed"  # left down after `Backoff.give_up_after` crashes in a row
-    STOPPED = "stopped"
 
 
 @dataclass(frozen=True)

@@ -55,6 +55,7 @@ from imaging_ai.infer.cuda_mem import CudaRuntime, PinnedBuffer
 from imaging_ai.infer.fake import FixedLatencyBackend
 from imaging_ai.infer.ort import last_stages
 from imaging_ai.modelcard import ModelCard, load_model_card
+from imaging_ai.states import PoolPhase, WorkerState
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +64,8 @@ _PARENT_POLL_S = 0.5
 _TICK_S = 0.1
 _TRACES = 4096  # traces of the latest batches kept for `WorkerPool.take_traces`
 _PR_SET_PDEATHSIG = 1
+# A worker with a process that is, or will be, taking batches.
+_LIVE = (WorkerState.STARTING, WorkerState.READY)
 Pieces = tuple[FloatArray, FloatArray]
 
 
@@ -134,7 +137,7 @@ class WorkerStatus:
     pid: int | None
     backend: str
     device: str
-    state: str  # starting | ready | failed | stopped
+    state: WorkerState
     alive: bool
     batches_done: int
     batch_sizes: tuple[tuple[int, int], ...]
@@ -576,7 +579,7 @@ class _Worker:
     gpu: int | None
     proc: BaseProcess | None = None
     conn: Connection | None = None
-    state: str = "starting"
+    state: WorkerState = WorkerState.STARTING
     error: str = ""
     inflight: dict[int, _Job] = field(default_factory=dict)
     infos: dict[str, BackendInfo] = field(default_factory=dict)
@@ -618,7 +621,7 @@ class WorkerPool:
         self._reserved = 0
         self._ids = itertools.count()
         self._out_shapes: dict[str, tuple[int, ...]] = {}
-        self._phase = "new"  # new | starting | running | stopping | stopped
+        self._phase = PoolPhase.NEW
         self._traces: deque[BatchTrace] = deque(maxlen=_TRACES)
         self._arenas: list[ArenaRef] = []  # announced to every worker as it becomes ready
         self._started_at = time.monotonic()
@@ -635,15 +638,15 @@ class WorkerPool:
             A worker could not load the models (its reason is in the message) or timed out.
         """
         self._workers = [_Worker(i, gpu) for i, gpu in enumerate(self._devices())]
-        self._phase = "starting"
+        self._phase = PoolPhase.STARTING
         # Workers are started by the watchdog thread: PR_SET_PDEATHSIG fires when the thread
         # that forked them ends, and the watchdog lives exactly as long as the pool.
         self._watchdog = threading.Thread(target=self._watch, name="infer-watchdog", daemon=True)
         self._watchdog.start()
         with self._cond:
             self._cond.wait_for(self._start_settled, self.config.start_timeout_s)
-            failed = [w for w in self._workers if w.state != "ready"]
-            self._phase = "running" if not failed else self._phase
+            failed = [w for w in self._workers if w.state != WorkerState.READY]
+            self._phase = PoolPhase.RUNNING if not failed else self._phase
         if failed:
             self.stop(timeout_s=0)
             w = failed[0]
@@ -657,7 +660,7 @@ class WorkerPool:
         Stop the batchers first: a batch submitted from now on fails with EngineError.
         """
         with self._cond:
-            self._phase = "stopping"
+            self._phase = PoolPhase.STOPPING
             self._cond.notify_all()
             self._cond.wait_for(lambda: not self._busy(), timeout_s)
             left = [*self._backlog, *(j for w in self._workers for j in w.inflight.values())]
@@ -668,7 +671,7 @@ class WorkerPool:
             _call(job, EngineError("inference stopped before this batch ran"))
         self._end_workers()
         with self._cond:
-            self._phase = "stopped"
+            self._phase = PoolPhase.STOPPED
         if self._watchdog is not None:
             self._watchdog.join()
         for w in self._workers:  # after the watchdog: it may still be waiting on these pipes
@@ -678,10 +681,10 @@ class WorkerPool:
     def _end_workers(self) -> None:
         with self._cond:
             for w in self._workers:
-                if w.conn is not None and w.state in ("starting", "ready"):
+                if w.conn is not None and w.state in _LIVE:
                     with contextlib.suppress(OSError):
                         w.conn.send(None)
-                w.state = "stopped"
+                w.state = WorkerState.STOPPED
         for w in self._workers:
             if w.proc is not None:
                 w.proc.join(5.0)
@@ -703,8 +706,8 @@ class WorkerPool:
         return list(range(gpus)) if gpus > 0 else [None] * self.config.cpu_workers
 
     def _start_settled(self) -> bool:
-        return all(w.state == "ready" for w in self._workers) or any(
-            w.state == "failed" for w in self._workers
+        return all(w.state == WorkerState.READY for w in self._workers) or any(
+            w.state == WorkerState.FAILED for w in self._workers
         )
 
     def _busy(self) -> bool:
@@ -758,17 +761,17 @@ class WorkerPool:
                 self._cond.notify_all()
 
     def _grantable(self, ticket: tuple[Priority, int]) -> bool:
-        if self._phase != "running" or not self._alive_workers():
+        if self._phase != PoolPhase.RUNNING or not self._alive_workers():
             return True
         return self._waiters[0] == ticket and self._room() > 0
 
     def _room(self) -> int:
-        ready = [w for w in self._workers if w.state == "ready"]
+        ready = [w for w in self._workers if w.state == WorkerState.READY]
         room = sum(max(0, self._depth(w) - len(w.inflight)) for w in ready)
         return room - self._reserved - len(self._backlog)
 
     def _alive_workers(self) -> bool:
-        return any(w.state in ("starting", "ready") for w in self._workers)
+        return any(w.state in _LIVE for w in self._workers)
 
     def attach(self, ref: ArenaRef) -> None:
         """Have every worker map `ref` now (and each restarted worker when it is ready).
@@ -779,7 +782,7 @@ class WorkerPool:
         with self._cond:
             self._arenas.append(ref)
             for w in self._workers:
-                if w.state == "ready":
+                if w.state == WorkerState.READY:
                     self._announce(w, [ref])
 
     def _announce(self, w: _Worker, refs: list[ArenaRef]) -> None:
@@ -809,7 +812,7 @@ class WorkerPool:
         job = _Job(next(self._ids), model, batch, done)
         with self._cond:
             self._reserved = max(0, self._reserved - 1)
-            if self._phase != "running":
+            if self._phase != PoolPhase.RUNNING:
                 raise EngineError("inference workers are not running")
             if not self._alive_workers():
                 raise EngineError("no inference worker is running; see the log for why")
@@ -867,7 +870,9 @@ class WorkerPool:
         """Send backlog batches to workers with room, least loaded first."""
         while self._backlog:
             loads = [
-                len(w.inflight) if w.state == "ready" and len(w.inflight) < self._depth(w) else None
+                len(w.inflight)
+                if w.state == WorkerState.READY and len(w.inflight) < self._depth(w)
+                else None
                 for w in self._workers
             ]
             index = least_loaded(loads, self._backlog[0].avoid)
@@ -894,7 +899,7 @@ class WorkerPool:
             for w in self._workers:
                 self._launch(w)
             self._cond.notify_all()
-        while self._phase != "stopped":
+        while self._phase != PoolPhase.STOPPED:
             try:
                 self._watch_once()
             except Exception:  # keep watching: a lost watchdog would strand every study
@@ -904,12 +909,12 @@ class WorkerPool:
         with self._cond:
             owner: dict[object, tuple[_Worker, BaseProcess]] = {}
             for w in self._workers:
-                if w.state in ("starting", "ready") and w.conn and w.proc:
+                if w.state in _LIVE and w.conn and w.proc:
                     owner[w.conn] = owner[w.proc.sentinel] = (w, w.proc)
             handles = [h for h in owner if isinstance(h, Connection | int)]
         for handle in wait(handles, _TICK_S):
             w, proc = owner[handle]
-            if w.proc is not proc or w.state not in ("starting", "ready"):
+            if w.proc is not proc or w.state not in _LIVE:
                 continue  # the pipe and the sentinel of one death: the first one handled it
             if handle is w.conn:
                 self._read(w)
@@ -929,12 +934,17 @@ class WorkerPool:
             proc.start()
         except Exception as exc:  # e.g. out of memory or PIDs: the worker stays down, said why
             log.exception("cannot start inference worker %s", w.device)
-            w.state, w.error = "failed", f"cannot start a process: {exc}"
+            w.state, w.error = WorkerState.FAILED, f"cannot start a process: {exc}"
             parent.close()
             return
         finally:
             child.close()
-        w.proc, w.conn, w.state, w.progress_at = proc, parent, "starting", time.monotonic()
+        w.proc, w.conn, w.state, w.progress_at = (
+            proc,
+            parent,
+            WorkerState.STARTING,
+            time.monotonic(),
+        )
 
     def _read(self, w: _Worker) -> None:
         assert w.conn is not None and w.proc is not None
@@ -961,7 +971,7 @@ class WorkerPool:
 
     def _on_ready(self, w: _Worker, message: _Ready) -> None:
         with self._cond:
-            w.state, w.infos, w.progress_at = "ready", message.infos, time.monotonic()
+            w.state, w.infos, w.progress_at = WorkerState.READY, message.infos, time.monotonic()
             self._out_shapes.update(message.output_shapes)
             log.info("inference worker %s ready (pid %s)", w.device, w.proc and w.proc.pid)
             self._announce(w, self._arenas)
@@ -1042,21 +1052,21 @@ class WorkerPool:
 
     def _current(self, w: _Worker, proc: BaseProcess) -> bool:
         with self._cond:
-            return w.proc is proc and w.state in ("starting", "ready")
+            return w.proc is proc and w.state in _LIVE
 
     def _restart(self, w: _Worker) -> None:
         if w.conn is not None:
             w.conn.close()
         w.crashes_in_row += 1
-        if self._phase != "running":  # a failed start, or stopping: no restart
-            w.state = "failed"
+        if self._phase != PoolPhase.RUNNING:  # a failed start, or stopping: no restart
+            w.state = WorkerState.FAILED
             return
         if w.crashes_in_row >= self.config.max_restarts:
             if w.gpu is None:
                 log.error(
                     "CPU worker %d failed %d times in a row; left down", w.index, w.crashes_in_row
                 )
-                w.state = "failed"
+                w.state = WorkerState.FAILED
                 return
             log.error("GPU worker %s keeps failing; restarting it on the CPU", w.device)
             w.gpu, w.degraded, w.crashes_in_row = None, True, 0
@@ -1068,7 +1078,7 @@ class WorkerPool:
         now = time.monotonic()
         with self._cond:
             for w in self._workers:
-                starting = w.state == "starting"
+                starting = w.state == WorkerState.STARTING
                 limit = self.config.start_timeout_s if starting else self.config.hang_timeout_s
                 late = (starting or w.inflight) and now - w.progress_at > limit
                 if late and w.proc is not None and w.proc.is_alive():

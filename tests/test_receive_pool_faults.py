@@ -30,7 +30,8 @@ from imaging_ai.db.models import Instance
 from imaging_ai.db.session import make_engine, session_factory
 from imaging_ai.pipeline import Daemon
 from imaging_ai.receive_pool import ReceiverPool
-from imaging_ai.supervise import Backoff, ChildState
+from imaging_ai.states import ChildState
+from imaging_ai.supervise import Backoff
 from imaging_ai.systemd import NotifySettings, Watchdog
 from imaging_ai.web.app import WebContext, create_app
 from imaging_ai.web.auth import TokenStore

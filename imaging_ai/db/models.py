@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from typing import Any
+from enum import StrEnum
+from typing import Any, TypeVar
 
 from sqlalchemy import (
     JSON,
@@ -20,7 +21,10 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
+from imaging_ai.states import DeliveryState, JobState, ReportStatus, StudyState
+
 UID = String(64)
+_State = TypeVar("_State", bound=StrEnum)
 
 
 class UTCDateTime(TypeDecorator[datetime]):
@@ -43,6 +47,27 @@ class UTCDateTime(TypeDecorator[datetime]):
         return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
 
 
+class StateType(TypeDecorator[_State]):
+    """A state column: stored as its value (``String(16)``), read back as the enum's member.
+
+    Bound values are not checked: a filter with a string that is no member (an API query)
+    matches no row, as a plain string column would. mypy keeps the code's own writes members.
+    """
+
+    impl = String(16)
+    cache_ok = True
+
+    def __init__(self, states: type[_State]) -> None:
+        super().__init__()
+        self.states = states
+
+    def process_bind_param(self, value: str | None, dialect: Dialect) -> str | None:
+        return None if value is None else str(value)
+
+    def process_result_value(self, value: str | None, dialect: Dialect) -> _State | None:
+        return None if value is None else self.states(value)
+
+
 class Base(DeclarativeBase):
     """Declarative base of every table."""
 
@@ -60,7 +85,9 @@ class Study(Base):
     study_date: Mapped[str] = mapped_column(String(8), default="")
     calling_ae: Mapped[str] = mapped_column(String(16), default="")
     routing: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
-    state: Mapped[str] = mapped_column(String(16), default="receiving", index=True)
+    state: Mapped[StudyState] = mapped_column(
+        StateType(StudyState), default=StudyState.RECEIVING, index=True
+    )
     priority: Mapped[str] = mapped_column(String(16), default="")
     priority_reason: Mapped[str] = mapped_column(String(200), default="")
     error: Mapped[str] = mapped_column(Text, default="")
@@ -123,7 +150,7 @@ class Job(Base):
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     study_id: Mapped[int] = mapped_column(ForeignKey("studies.id"), index=True)
-    state: Mapped[str] = mapped_column(String(16), default="queued")
+    state: Mapped[JobState] = mapped_column(StateType(JobState), default=JobState.QUEUED)
     priority: Mapped[str] = mapped_column(String(16))
     rank: Mapped[int] = mapped_column(Integer)
     deadline: Mapped[datetime] = mapped_column(UTCDateTime())
@@ -147,7 +174,9 @@ class Report(Base):
     study_id: Mapped[int] = mapped_column(ForeignKey("studies.id"), unique=True)
     job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id"))
     created_at: Mapped[datetime] = mapped_column(UTCDateTime())
-    status: Mapped[str] = mapped_column(String(16), default="preliminary")
+    status: Mapped[ReportStatus] = mapped_column(
+        StateType(ReportStatus), default=ReportStatus.PRELIMINARY
+    )
     impression: Mapped[str] = mapped_column(Text, default="")
     findings: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
 
@@ -164,7 +193,9 @@ class Delivery(Base):
     destination: Mapped[str] = mapped_column(String(200))
     payload: Mapped[str] = mapped_column(String(400))
     object_uid: Mapped[str] = mapped_column(String(64), default="")
-    state: Mapped[str] = mapped_column(String(16), default="pending")
+    state: Mapped[DeliveryState] = mapped_column(
+        StateType(DeliveryState), default=DeliveryState.PENDING
+    )
     attempts: Mapped[int] = mapped_column(Integer, default=0)
     next_try_at: Mapped[datetime] = mapped_column(UTCDateTime())
     last_error: Mapped[str] = mapped_column(Text, default="")

@@ -22,6 +22,7 @@ from starlette.responses import HTMLResponse
 from imaging_ai import __version__
 from imaging_ai.db.models import AuditEvent
 from imaging_ai.db.session import utcnow
+from imaging_ai.states import DeliveryState, StudyState
 from imaging_ai.web.auth import Principal
 from imaging_ai.web.charts import duration
 from imaging_ai.web.context import WebContext
@@ -58,6 +59,8 @@ class Pages:
         )
         self.env.filters.update(when=when, dur=duration, dicom_date=dicom_date)
         self.env.globals.update(version=__version__, tz=time.strftime("%Z"))
+        # Templates compare states against the members, as the code does.
+        self.env.globals.update(StudyState=StudyState, DeliveryState=DeliveryState)
 
     def admin(self, request: Request) -> Admin:
         """The administrator making the request.

@@ -17,8 +17,14 @@ from sqlalchemy.orm import Session, aliased
 
 from imaging_ai.config import PRIORITY_CLASSES
 from imaging_ai.db.models import AuditEvent, ClassControl, Delivery, Job, Report, Study
+from imaging_ai.states import DeliveryState, JobState, StudyState
 
-IN_FLIGHT = ("receiving", "queued", "processing", "delivering")
+IN_FLIGHT = (
+    StudyState.RECEIVING,
+    StudyState.QUEUED,
+    StudyState.PROCESSING,
+    StudyState.DELIVERING,
+)
 LIST_LIMIT = 50
 
 
@@ -48,7 +54,7 @@ class StudyRow:
 
     uid: str
     accession: str
-    state: str
+    state: StudyState
     priority: str
     received_at: datetime
     completed_at: datetime | None
@@ -87,7 +93,7 @@ class DeliveryRow:
     accession: str
     kind: str
     destination: str
-    state: str
+    state: DeliveryState
     attempts: int
     next_try_at: datetime
     last_error: str
@@ -106,7 +112,7 @@ def queues(s: Session, now: datetime) -> list[ClassQueue]:
     """Queue depth, oldest wait and nearest deadline of every priority class."""
     rows = s.execute(
         select(Job.priority, func.count(), func.min(Job.created_at), func.min(Job.deadline))
-        .where(Job.state == "queued")
+        .where(Job.state == JobState.QUEUED)
         .group_by(Job.priority)
     ).all()
     found = {r[0]: r for r in rows}
@@ -134,7 +140,7 @@ def recent(s: Session, now: datetime, limit: int = LIST_LIMIT) -> list[Turnaroun
     """Studies whose results came in the last day, newest first, with their turnaround."""
     query = (
         _studies_with_job()
-        .where(Job.state == "done", Job.finished_at >= now - timedelta(days=1))
+        .where(Job.state == JobState.DONE, Job.finished_at >= now - timedelta(days=1))
         .order_by(Job.finished_at.desc())
         .limit(limit)
     )
@@ -161,7 +167,7 @@ def _milestones(
     reports = s.execute(select(Report.study_id, Report.created_at).where(Report.study_id.in_(ids)))
     delivered = s.execute(
         select(Delivery.study_id, func.max(Delivery.delivered_at))
-        .where(Delivery.study_id.in_(ids), Delivery.state == "done")
+        .where(Delivery.study_id.in_(ids), Delivery.state == DeliveryState.DONE)
         .group_by(Delivery.study_id)
     )
     return {i: at for i, at in reports}, {i: at for i, at in delivered}
@@ -172,7 +178,9 @@ def finished_since(s: Session, since: datetime) -> list[tuple[str, datetime, flo
     rows = s.execute(
         select(Job.priority, Job.finished_at, Job.deadline, Study.completed_at)
         .join(Study, Study.id == Job.study_id)
-        .where(Job.state == "done", Job.finished_at >= since, Study.completed_at.is_not(None))
+        .where(
+            Job.state == JobState.DONE, Job.finished_at >= since, Study.completed_at.is_not(None)
+        )
     )
     out = []
     for priority, finished, deadline, completed in rows:
@@ -186,7 +194,7 @@ def failed(s: Session, limit: int = LIST_LIMIT) -> list[StudyRow]:
     """Failed studies, newest first, with the reason."""
     query = (
         _studies_with_job()
-        .where(Study.state == "failed")
+        .where(Study.state == StudyState.FAILED)
         .order_by(Job.finished_at.desc())
         .limit(limit)
     )
@@ -206,11 +214,11 @@ def late(s: Session, limit: int = LIST_LIMIT) -> list[StudyRow]:
 
 def deliveries(s: Session, limit: int = LIST_LIMIT) -> list[DeliveryRow]:
     """Deliveries that failed at least once and are still retrying, or were cancelled."""
-    retrying = and_(Delivery.state == "pending", Delivery.attempts > 0)
+    retrying = and_(Delivery.state == DeliveryState.PENDING, Delivery.attempts > 0)
     query = (
         select(Delivery, Study.study_instance_uid, Study.accession_number)
         .join(Study, Study.id == Delivery.study_id)
-        .where(or_(retrying, Delivery.state == "cancelled"))
+        .where(or_(retrying, Delivery.state == DeliveryState.CANCELLED))
         .order_by(Delivery.state.desc(), Delivery.created_at.desc())
         .limit(limit)
     )
@@ -316,7 +324,7 @@ def _stages(study: Study, job: Job | None, now: datetime) -> tuple[Stage, ...]:
         ("queue", job.created_at if job else None, job.started_at if job else None),
         ("process", job.started_at if job else None, job.finished_at if job else None),
     ]
-    if study.state == "delivering" and job is not None:
+    if study.state == StudyState.DELIVERING and job is not None:
         marks.append(("deliver", job.finished_at, None))
     stages = []
     for name, start, end in marks:
