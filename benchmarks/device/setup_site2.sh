@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Sourced on the device after scripts/device_setup_ort.sh (scripts/device_issue7.sh does both).
+# Sourced on the device after benchmarks/device/setup_ort.sh (benchmarks/device/turnaround.sh does both).
 # The daemon's packages that the GPU machine lacks, for cp312 manylinux x86_64, unpacked from
 # their wheels into one folder and packed as a .tar.xz (38.9 MB; one part of <= 50,000,000
 # bytes, `.whl-parts/site2/site2.part0`, ignored by git): pydicom 3.0.2, pynetdicom 3.0.4,
@@ -9,11 +9,11 @@
 # typing_extensions 4.16.0, Jinja2 3.1.6, MarkupSafe 3.0.4, prometheus_client 0.26.0, idna 3.20
 # (the versions of the project's .venv). Not carried: numpy, pillow, packaging, onnx (the
 # machine's own; a carried numpy would shadow the one its CuPy and PyTorch were built with),
-# onnxruntime (scripts/device_setup_ort.sh), psycopg (SQLite there), the test tools.
+# onnxruntime (benchmarks/device/setup_ort.sh), psycopg (SQLite there), the test tools.
 #
 # The part is read from the carried `.whl-parts/site2/` (the working tree, ~11.6 MB, and it fit
 # in one call's 64 MiB) or else from /tmp/parts, where an earlier call may have copied it.
-# Built here by scripts/device_pack.sh (deterministic: the hash below is what it makes).
+# Built here by benchmarks/device/pack.sh (deterministic: the hash below is what it makes).
 # This checks the archive, unpacks it to /tmp/site2 and puts it on PYTHONPATH after /tmp/site.
 set -uo pipefail
 want=e957c00c7fc16c56475b55899655417eb27e94c80a3c474abd54c6fcea4e67fb

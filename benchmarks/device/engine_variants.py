@@ -3,7 +3,7 @@
 
 Run on the GPU machine from the repository root, with onnxruntime-gpu on PYTHONPATH:
 
-    python3 scripts/device_lungseg_bench.py
+    python3 benchmarks/device/engine_variants.py
 
 Models: lung-seg as shipped (160x160), the same network and weights at 512x512 (the ONNX
 graph with its spatial sizes changed: the U-Net has only convolutions, pooling and
@@ -40,7 +40,7 @@ from typing import Any
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from imaging_ai.infer.base import FloatArray, sample_batch  # noqa: E402

@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
 """Issue 4 on two GPUs: where one batch's time goes inside a worker, and one GPU against two.
 
-Run on nvidia-h200-x2 from the repository root, after `source scripts/device_setup_ort.sh`:
+Run on nvidia-h200-x2 from the repository root, after `source benchmarks/device/setup_ort.sh`:
 
-    timeout 240 python3 scripts/device_issue4.py
+    timeout 240 python3 benchmarks/device/worker_load.py
 
 Everything uses the daemon's own pieces (`WorkerPool`, one `Batcher` per shipped model, the
 shipped lung-seg and nodule-det 2.0.0, batch 64, ONNX Runtime CUDA FP16 as a worker loads it).
@@ -24,7 +24,7 @@ shipped lung-seg and nodule-det 2.0.0, batch 64, ONNX Runtime CUDA FP16 as a wor
 
 Steps that no longer fit in `--budget-s` are skipped and said so. Writes `$OUT/issue4.json`
 (after every step) and prints a table and a `headline:` line last. A reduced dry run for any
-machine: `python3 scripts/device_issue4.py --cpu` (CPU workers, small studies).
+machine: `python3 benchmarks/device/worker_load.py --cpu` (CPU workers, small studies).
 """
 
 from __future__ import annotations
@@ -45,11 +45,11 @@ from typing import Any
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "scripts"))
+sys.path.insert(0, str(ROOT / "benchmarks" / "device"))
 
-from device_multi_gpu import gpu_sampler, proc_cpu_s, run_studies, self_cpu_s  # noqa: E402
+from multi_gpu import gpu_sampler, proc_cpu_s, run_studies, self_cpu_s  # noqa: E402
 
 from imaging_ai.arena import SliceArena, SlotBatch  # noqa: E402
 from imaging_ai.batch import Batcher, BatchingConfig  # noqa: E402

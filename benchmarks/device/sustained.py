@@ -6,17 +6,17 @@ Poisson mixed-priority stream at ``--load`` of it, deadline misses per class, st
 slices/s) with pynetdicom in place of DCMTK and Orthanc: a pool of sender processes makes the
 re-UID'd copies of the three phantoms and sends each study on its own association, as
 storescu would (processes, not threads: one Python sender is ~1-3 s for 300 slices, about what
-the daemon needs for a study on an H200); the storage SCP of `device_turnaround.py` keeps the
+the daemon needs for a study on an H200); the storage SCP of `turnaround.py` keeps the
 SEG and SR that come back. The backend is ONNX Runtime CUDA on one GPU unless ``--cpu``.
 
-On the device, from the repository root, by scripts/device_sustained.sh (which puts
+On the device, from the repository root, by benchmarks/device/sustained.sh (which puts
 onnxruntime-gpu and the daemon's other packages on PYTHONPATH):
 
-    python3 scripts/device_sustained.py --budget 190 --timeout 40
+    python3 benchmarks/device/sustained.py --budget 190 --timeout 40
 
 Here, as a dry run of the same path on ONNX Runtime CPU with tiny sizes:
 
-    .venv/bin/python scripts/device_sustained.py --cpu
+    .venv/bin/python benchmarks/device/sustained.py --cpu
 
 What is missing (a package, ONNX Runtime's CUDA provider, a GPU) is named before anything runs;
 the figures and each study's outcome go to ``$OUT/sustained.json`` when OUT is set.
@@ -34,8 +34,8 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "scripts")]
+ROOT = Path(__file__).resolve().parents[2]
+sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks" / "device")]
 # The daemon and the phantom generator run as `python -m imaging_ai` subprocesses.
 os.environ["PYTHONPATH"] = os.pathsep.join(
     p for p in (os.environ.get("PYTHONPATH", ""), str(ROOT)) if p
@@ -79,12 +79,12 @@ def with_sizes(args: argparse.Namespace) -> argparse.Namespace:
 
 
 def missing() -> list[str]:
-    """What the run needs and this machine lacks (device_turnaround.py's list and checks)."""
+    """What the run needs and this machine lacks (turnaround.py's list and checks)."""
     try:
-        import device_turnaround
+        import turnaround
     except ImportError as exc:  # its module imports pydicom and pynetdicom
         return [exc.name or str(exc)]
-    return list(device_turnaround.missing())
+    return list(turnaround.missing())
 
 
 def push(files: Sequence[str], port: int, called_ae: str) -> int:
@@ -117,8 +117,8 @@ def warm(_: int) -> None:
 
 
 def pynetdicom_sender(pool: ProcessPoolExecutor, processes: int) -> Any:
-    """`imaging_ai.bench.sustained.Sender` over the pool, with device_turnaround's PACS."""
-    from device_turnaround import PynetdicomPacs
+    """`imaging_ai.bench.sustained.Sender` over the pool, with turnaround.py's PACS."""
+    from turnaround import PynetdicomPacs
 
     from imaging_ai.bench.harness import CALLED_AE
     from imaging_ai.bench.stack import Hospital
@@ -144,7 +144,7 @@ def main() -> int:
     gone = missing()
     if gone:
         print(f"cannot run: missing {', '.join(gone)}; PYTHONPATH={os.environ['PYTHONPATH']}")
-        print("headline: sustained not measured (see the line above; device_sustained.sh)")
+        print("headline: sustained not measured (see the line above; sustained.sh)")
         return 2
     from imaging_ai.bench import sustained
 

@@ -4,9 +4,9 @@
 Run on the GPU machine from the repository root (imports only numpy, onnx, onnxruntime, torch,
 cuda-python and the pydicom-free imaging_ai.infer modules):
 
-    python3 scripts/device_engine_check.py                      # a generated 2-D U-Net, 512x512
-    python3 scripts/device_engine_check.py --onnx engines/lung-seg/model.onnx --batches 1 8 32
-    PYTHONPATH=/tmp/site python3 scripts/device_engine_check.py   # with onnxruntime-gpu carried
+    python3 benchmarks/device/engine_check.py                      # a generated 2-D U-Net, 512x512
+    python3 benchmarks/device/engine_check.py --onnx engines/lung-seg/model.onnx --batches 1 8 32
+    PYTHONPATH=/tmp/site python3 benchmarks/device/engine_check.py   # with onnxruntime-gpu carried
 
 (a) cuda_mem: pinned and device buffers, H2D/D2H on a non-default stream, round-trip equality,
     and an impossible allocation reported as EngineError. (b) With onnxruntime-gpu: the model on
@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from imaging_ai.errors import EngineError
 from imaging_ai.infer.base import FloatArray, sample_batch

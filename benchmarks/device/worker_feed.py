@@ -1,16 +1,16 @@
 #!/usr/bin/env python3
 """Issue 4, fourth session: where a GPU idles under the batchers' load, and what feeds it better.
 
-Run on nvidia-h200-x2 from the repository root, after `source scripts/device_setup_ort.sh`:
+Run on nvidia-h200-x2 from the repository root, after `source benchmarks/device/setup_ort.sh`:
 
-    timeout 240 python3 scripts/device_issue4_feed.py
+    timeout 240 python3 benchmarks/device/worker_feed.py
 
-The load of `scripts/device_issue4.py` (16 client threads, 96 studies of 300 preprocessed
+The load of `benchmarks/device/worker_load.py` (16 client threads, 96 studies of 300 preprocessed
 slices through lung-seg and nodule-det 2.0.0, batch 64, ONNX Runtime CUDA FP16 in the daemon's
 `WorkerPool`), on one GPU and on two, in variants of how the daemon feeds the workers:
 `depth` (batches queued per worker beyond the ones running), the parent's GIL switch interval,
 and the number of runner threads per GPU worker. For every load: the figures of
-`device_issue4.timed_load` plus each batch's raw trace (`raw`), and, every 2 ms, the batches in
+`worker_load.timed_load` plus each batch's raw trace (`raw`), and, every 2 ms, the batches in
 flight per worker and the slices queued in the batchers, so that the JSON says whether a GPU
 idled for want of batches (the feed) or with batches waiting in its worker (the worker).
 Writes `$OUT/issue4_feed.json` after every step; prints a table and `headline:` last.
@@ -31,11 +31,11 @@ from typing import Any
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "scripts"))
+sys.path.insert(0, str(ROOT / "benchmarks" / "device"))
 
-from device_issue4 import INPUT_SETS, NAMES, Budget, Pool, timed_load  # noqa: E402
+from worker_load import INPUT_SETS, NAMES, Budget, Pool, timed_load  # noqa: E402
 
 from imaging_ai.modelcard import ModelCard, load_model_card  # noqa: E402
 

@@ -3,7 +3,7 @@
 
 Run on a GPU machine from the repository root with onnxruntime-gpu on PYTHONPATH:
 
-    python3 scripts/device_multi_gpu.py --studies 96 --clients 16 --slices 300 --batch 64 \
+    python3 benchmarks/device/multi_gpu.py --studies 96 --clients 16 --slices 300 --batch 64 \
         --configs graphs=0,conc=1,depth=2 graphs=0,conc=2,depth=3
 
 It uses the daemon's own pieces: `WorkerPool` (one worker process per GPU, ONNX Runtime CUDA as
@@ -37,7 +37,7 @@ from typing import Any
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from imaging_ai.batch import Batcher, BatchingConfig, BatchingEngine  # noqa: E402

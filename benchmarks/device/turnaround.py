@@ -7,11 +7,11 @@ records, against the bare analysis), with the PACS played by pynetdicom: an SCU 
 study to the daemon as Orthanc's push would, and a storage SCP keeps the SEG and SR that come
 back. The backend is ONNX Runtime CUDA unless IMAGING_AI_ENGINES__BACKEND says otherwise.
 
-Run from the repository root on the device by scripts/device_issue7.sh, which puts
-onnxruntime-gpu (scripts/device_setup_ort.sh) and the daemon's other packages
-(scripts/device_setup_site2.sh) on PYTHONPATH:
+Run from the repository root on the device by benchmarks/device/turnaround.sh, which puts
+onnxruntime-gpu (benchmarks/device/setup_ort.sh) and the daemon's other packages
+(benchmarks/device/setup_site2.sh) on PYTHONPATH:
 
-    python3 scripts/device_turnaround.py --studies 5 --slices 300 --goal 3 --budget 240
+    python3 benchmarks/device/turnaround.py --studies 5 --slices 300 --goal 3 --budget 240
 
 What is missing there (a package, ONNX Runtime's CUDA provider) is named before anything runs;
 the studies' stages go to ``$OUT/turnaround.json`` when OUT is set.
@@ -28,7 +28,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 # The daemon and the phantom generator run as `python -m imaging_ai` subprocesses.
 os.environ["PYTHONPATH"] = os.pathsep.join(
@@ -78,7 +78,7 @@ if __name__ == "__main__":
     os.environ.setdefault("IMAGING_AI_ENGINES__BACKEND", "onnxruntime-cuda")
 if __name__ == "__main__" and missing():
     print(f"cannot run: missing {', '.join(missing())}; PYTHONPATH={os.environ['PYTHONPATH']}")
-    print("headline: turnaround not measured (see the line above; device_issue7.sh sets it up)")
+    print("headline: turnaround not measured (see the line above; turnaround.sh sets it up)")
     sys.exit(2)
 
 from pydicom import dcmread  # noqa: E402

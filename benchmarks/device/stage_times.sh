@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Issue 7 on one H200: where one 300-slice study's load and inference stages go. The last call of
 # an onnxruntime-gpu sequence (calls 1-4 copy .whl-parts/xz/ortsite.part0..3 to /tmp/parts, as
-# scripts/device_setup_ort.sh says); this call carries .whl-parts/site2. Runs
+# benchmarks/device/setup_ort.sh says); this call carries .whl-parts/site2. Runs
 # scripts/cpu_stage_times.py on a phantom: the engines in this process (as `imaging-ai infer`),
 # through the daemon's batchers and one GPU worker, and the CPU proxy (fixed-latency engine, 0.1 ms
 # a slice) on this host; then the volume load with the fast reader and with pydicom alone.
@@ -9,9 +9,9 @@ set -uo pipefail
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 # shellcheck source=/dev/null
-source scripts/device_setup_ort.sh || exit 1
+source benchmarks/device/setup_ort.sh || exit 1
 # shellcheck source=/dev/null
-source scripts/device_setup_site2.sh || exit 1
+source benchmarks/device/setup_site2.sh || exit 1
 export CUDA_VISIBLE_DEVICES=0 IMAGING_AI_ENGINES__GPUS=1
 python3 -m imaging_ai phantom /tmp/ph --slices 300 --seed 7 --nodules 5 2>&1 | tail -1
 run() {

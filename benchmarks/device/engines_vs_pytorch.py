@@ -3,12 +3,14 @@
 and what FP16 changes against FP32 on the CPU.
 
 On the GPU machine, from the repository root, with onnxruntime-gpu on PYTHONPATH
-(`source scripts/device_setup_ort.sh`) and the phantom slices carried (`.whl-parts/phantom`):
+(`source benchmarks/device/setup_ort.sh`) and the phantom slices carried (`.whl-parts/phantom`):
 
-    CUDA_VISIBLE_DEVICES=0 python3 scripts/device_issue3.py --slices .whl-parts/phantom/issue3.npz
+    CUDA_VISIBLE_DEVICES=0 python3 benchmarks/device/engines_vs_pytorch.py \
+        --slices .whl-parts/phantom/issue3.npz
 
 The slices are made here first, because the phantom generator needs pydicom, which that machine
-lacks: `.venv/bin/python scripts/device_issue3.py --make-slices .whl-parts/phantom/issue3.npz`.
+lacks: `.venv/bin/python benchmarks/device/engines_vs_pytorch.py --make-slices
+.whl-parts/phantom/issue3.npz`.
 `--dry-run` runs every step on ONNX Runtime's CPU provider and PyTorch on the CPU, at small sizes,
 to check the script here.
 
@@ -51,11 +53,11 @@ from typing import Any
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "scripts"))
+sys.path.insert(0, str(ROOT / "benchmarks" / "device"))
 
-from device_lungseg_bench import Host, card_at, onnx_at_size, rate  # noqa: E402
+from engine_variants import Host, card_at, onnx_at_size, rate  # noqa: E402
 
 from imaging_ai.infer.agreement import compare, hu_sensitivity  # noqa: E402
 from imaging_ai.infer.base import FloatArray, sample_batch  # noqa: E402

@@ -3,7 +3,7 @@
 
 Run on the GPU machine from the repository root, with onnxruntime-gpu on PYTHONPATH:
 
-    python3 scripts/device_copy_check.py [--slices PATH.npz]
+    python3 benchmarks/device/host_memory.py [--slices PATH.npz]
 
 (a) 32 MiB copies host->device and device->host (cuda-python, one stream, median of 5) from
     memory of each kind: cudaMallocHost; pageable numpy; shared memory (/dev/shm, as the
@@ -35,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from imaging_ai.arena import SliceArena  # noqa: E402
@@ -228,8 +228,8 @@ def accuracy_rows(path: Path) -> list[Row]:
         x = np.ascontiguousarray(data[key].astype(np.float32))
         onnx_path = card.onnx_path
         if size:
-            sys.path.insert(0, str(ROOT / "scripts"))
-            from device_lungseg_bench import card_at, onnx_at_size
+            sys.path.insert(0, str(ROOT / "benchmarks" / "device"))
+            from engine_variants import card_at, onnx_at_size
 
             onnx_path = Path("/tmp") / f"{card.name}-{size}.onnx"
             onnx_at_size(card.onnx_path, size, onnx_path)

@@ -3,7 +3,7 @@
 
 Run on the GPU machine from the repository root, with onnxruntime-gpu on PYTHONPATH:
 
-    python3 scripts/device_worker_check.py [--seconds 3]
+    python3 benchmarks/device/worker_overhead.py [--seconds 3]
 
 The daemon's engines for both shipped models (`make_backend` + `load_engine`, as a worker loads
 them: FallbackEngine with its CPU session) run batches of 64 from a page-locked arena,
@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from imaging_ai.arena import SliceArena, SlotBatch  # noqa: E402

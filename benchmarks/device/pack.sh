@@ -3,14 +3,14 @@
 # checkout is fresh, and `.whl-parts/` is ignored by git):
 #   .whl-parts/xz/ortsite.part0..3   onnxruntime-gpu 1.31.1 (cp312, CUDA 13) unpacked, tar.xz,
 #                                    split in parts of 51,100,000 bytes (one per call),
-#                                    read by scripts/device_setup_ort.sh;
+#                                    read by benchmarks/device/setup_ort.sh;
 #   .whl-parts/site2/site2.part0     the daemon's packages the machine lacks, at the versions of
-#                                    .venv, read by scripts/device_setup_site2.sh.
+#                                    .venv, read by benchmarks/device/setup_site2.sh.
 # The archives are deterministic (names sorted, times and owners zeroed, single-threaded xz), so
 # their sha256 is the one the setup scripts check; the script prints both hashes at the end.
-# Takes ~5 minutes of one core (xz -6 of ~600 MB). Usage: bash scripts/device_pack.sh
+# Takes ~5 minutes of one core (xz -6 of ~600 MB). Usage: bash benchmarks/device/pack.sh
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 grep -qxF "/.whl-parts/" .git/info/exclude 2>/dev/null || echo "/.whl-parts/" >> .git/info/exclude
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT

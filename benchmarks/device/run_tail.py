@@ -8,7 +8,7 @@ and runs: (A) 150 pairs of full batches, one thread; (B) 150 batches of mixed si
 thread; (C) two threads, each with its own set of engines (a worker's two runners), full
 batches for 10 s; (D) as C with mixed sizes. It prints every run over 100 ms with its phase,
 model, size and thread, and per phase the run-time median, p99 and max. Writes
-$OUT/run_tail.json. Run after `source scripts/device_setup_ort.sh`.
+$OUT/run_tail.json. Run after `source benchmarks/device/setup_ort.sh`.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from imaging_ai.infer.base import infer_into  # noqa: E402
