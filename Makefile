@@ -31,8 +31,8 @@ deps-system:
 	fi
 
 lint: install
-	$(BIN)/ruff check imaging_ai tests scripts
-	$(BIN)/ruff format --check imaging_ai tests scripts
+	$(BIN)/ruff check imaging_ai tests scripts benchmarks
+	$(BIN)/ruff format --check imaging_ai tests scripts benchmarks
 
 typecheck: install
 	$(BIN)/mypy

@@ -1,4 +1,4 @@
-"""scripts/device_sustained.py: imports on the GPU machine; a dry run of it end to end here."""
+"""benchmarks/device/sustained.py: imports on the GPU machine; a dry run of it end to end here."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 
 from tests.infer.test_infer_imports import help_without_dicom_or_database
 
-SCRIPT = Path(__file__).parents[1] / "scripts" / "device_sustained.py"
+SCRIPT = Path(__file__).parents[1] / "benchmarks" / "device" / "sustained.py"
 
 
 def test_the_script_shows_its_help_without_dicom_or_database_packages() -> None:

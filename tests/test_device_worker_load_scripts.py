@@ -1,4 +1,4 @@
-"""scripts/device_issue4.py: imports on the GPU machine, and its summaries of batch traces."""
+"""benchmarks/device/worker_load.py: imports on the GPU machine, and its batch-trace summaries."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typing import Any
 from imaging_ai.workers import BatchTrace
 from tests.infer.test_infer_imports import help_without_dicom_or_database
 
-SCRIPT = Path(__file__).parents[1] / "scripts" / "device_issue4.py"
+SCRIPT = Path(__file__).parents[1] / "benchmarks" / "device" / "worker_load.py"
 
 
 def test_the_script_imports_without_dicom_or_database_packages() -> None:
@@ -73,8 +73,8 @@ def test_the_gpu_sampler_reads_nvidia_smi_and_tolerates_unreported_fields(
 
 def test_the_feed_and_run_tail_scripts_import_without_dicom_or_database_packages() -> None:
     scripts = SCRIPT.parent
-    assert "--only" in help_without_dicom_or_database(scripts / "device_issue4_feed.py")
-    assert "--cpu" in help_without_dicom_or_database(scripts / "device_run_tail.py")
+    assert "--only" in help_without_dicom_or_database(scripts / "worker_feed.py")
+    assert "--cpu" in help_without_dicom_or_database(scripts / "run_tail.py")
 
 
 def test_raw_traces_keep_every_batch_in_microseconds_from_the_first_send() -> None:
@@ -89,7 +89,7 @@ def test_raw_traces_keep_every_batch_in_microseconds_from_the_first_send() -> No
 
 
 def test_feed_figures_say_when_a_worker_idled_with_slices_queued() -> None:
-    feed = runpy.run_path(str(SCRIPT.parent / "device_issue4_feed.py"))["feed_figures"]
+    feed = runpy.run_path(str(SCRIPT.parent / "worker_feed.py"))["feed_figures"]
     # one worker's batches in flight, then two batchers' queued slices
     figures = feed([[0, 10, 0], [2, 0, 0], [3, 5, 5], [0, 0, 0]], 1)
     assert figures["inflight_mean"] == [1.25] and figures["idle_with_queue"] == [0.25]

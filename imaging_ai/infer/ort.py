@@ -381,7 +381,7 @@ def bound_sizes(max_batch_size: int, device: str) -> tuple[int, ...]:
     differs from its previous run's: on an H200 every run after a change of batch size took
     350 ms (lung-seg) and 600-1,600 ms (nodule-det) instead of 3 and 9 ms, whatever the
     cuDNN cache held, and under the batchers' mixed sizes those runs left the GPU idle 60% of
-    the time (`scripts/device_run_tail.py`, docs/benchmarks.md "Why the GPU idled"). Padding
+    the time (`benchmarks/device/run_tail.py`, docs/benchmarks.md "Why the GPU idled"). Padding
     every batch to the largest costs at most one full batch's run (9 ms) for a short one. On
     the CPU a shape change costs nothing, and padding would cost the padded slices' compute.
     """

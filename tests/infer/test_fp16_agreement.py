@@ -3,7 +3,8 @@ stated tolerance (`imaging_ai.infer.agreement`, docs/models.md "FP16 and the GPU
 
 ONNX Runtime's CPU provider runs the FP16 model that `infer.fp16` makes for the GPU (FP16 tensors
 between operators), so the conversion and the tolerance are checked here; on the H200 its
-differences were within a few per cent of these (scripts/device_issue3.py checks the GPU itself).
+differences were within a few per cent of these (benchmarks/device/engines_vs_pytorch.py checks
+the GPU itself).
 """
 
 from __future__ import annotations

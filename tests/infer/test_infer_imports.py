@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 ABSENT_ON_GPU_MACHINE = ("pydicom", "pynetdicom", "highdicom", "SimpleITK", "sqlalchemy")
-SCRIPTS = Path(__file__).parents[2] / "scripts"
+SCRIPTS = Path(__file__).parents[2] / "benchmarks" / "device"
 
 
 def help_without_dicom_or_database(script: Path, *modules: str) -> str:
@@ -40,9 +40,11 @@ def test_infer_modules_and_the_device_script_import_without_dicom_or_database() 
         "imaging_ai.infer.trt_fake",
         "imaging_ai.infer.cudart_fake",
     )
-    assert "--onnx" in help_without_dicom_or_database(SCRIPTS / "device_engine_check.py", *modules)
+    assert "--onnx" in help_without_dicom_or_database(SCRIPTS / "engine_check.py", *modules)
 
 
 def test_the_issue3_device_script_imports_without_dicom_or_database() -> None:
     modules = ("imaging_ai.infer.agreement", "imaging_ai.infer.tensorrt")
-    assert "--make-slices" in help_without_dicom_or_database(SCRIPTS / "device_issue3.py", *modules)
+    assert "--make-slices" in help_without_dicom_or_database(
+        SCRIPTS / "engines_vs_pytorch.py", *modules
+    )
