@@ -207,6 +207,7 @@ class OutputsConfig:
 
 
 BACKENDS = ("auto", "tensorrt", "onnxruntime-cuda", "onnxruntime-cpu")
+LOG_FORMATS = ("text", "json")
 
 
 @dataclass(frozen=True)
@@ -235,6 +236,8 @@ class LoggingConfig:
     """Log level and format."""
 
     level: str = "INFO"
+    # "text" (one readable line per record) or "json" (one JSON object per line).
+    format: str = "text"
 
 
 @dataclass(frozen=True)
@@ -518,6 +521,8 @@ def _validate(config: Config) -> None:
         raise ConfigError(
             f"logging.level must be DEBUG, INFO, WARNING or ERROR, got {config.logging.level!r}"
         )
+    if config.logging.format not in LOG_FORMATS:
+        raise ConfigError(f'logging.format must be "text" or "json", got {config.logging.format!r}')
 
 
 def _validate_ae_title(key: str, ae: str) -> None:
