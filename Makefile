@@ -6,15 +6,35 @@ STAMP := $(VENV)/.installed
 CONFIG ?= deploy/imaging-ai.dev.toml
 DEB_TEST_PACKAGES := dcmtk dicom3tools postgresql orthanc chromium chromium-driver prometheus
 
-.PHONY: install run test lint typecheck pytest deps-system clean bench-ingest soak demo
+.PHONY: install lock run test lint typecheck pytest deps-system clean bench-ingest soak demo
 
 install: $(STAMP)
 
-$(STAMP): pyproject.toml
+# The exact versions the tests passed with (uv pip compile: every platform, hashes checked by
+# pip); the repository's own packages go in editable on top of them, without resolving again.
+LOCK := requirements/dev.lock
+PACKAGES := .
+PYPROJECTS := $(addsuffix /pyproject.toml,$(PACKAGES))
+
+$(STAMP): $(PYPROJECTS) $(LOCK)
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[dev]'
+	$(BIN)/pip install -q -r $(LOCK)
+	$(BIN)/pip install -q --no-deps $(addprefix -e ,$(PACKAGES))
+	@$(BIN)/pip check >/dev/null || { $(BIN)/pip check; \
+	  echo "$(LOCK) does not satisfy $(PYPROJECTS): run make lock"; exit 1; }
 	touch $(STAMP)
+
+# Re-resolves the lock after a pyproject.toml change, keeping every pin that still fits;
+# make lock LOCK_ARGS=--upgrade moves them all to the newest allowed. uv is needed only here.
+# The gpu and train extras stay out: they are installed by hand where the hardware is.
+UV_VERSION := 0.13.10
+LOCK_ARGS ?=
+lock:
+	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/pip install -q 'uv==$(UV_VERSION)'
+	$(BIN)/uv pip compile $(PYPROJECTS) --extra dev --universal --python-version 3.11 \
+	  --generate-hashes --custom-compile-command 'make lock' $(LOCK_ARGS) -o $(LOCK)
 
 run: install
 	$(BIN)/imaging-ai serve --config $(CONFIG)

@@ -9,20 +9,19 @@ from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
-from imaging_ai import __version__, redact
+from imaging_ai import __version__, jsonlog, redact
 from imaging_ai.config import BACKENDS, Config, load_config
 from imaging_ai.errors import ImagingAIError
 
 log = logging.getLogger("imaging_ai")
 
 
-def setup_logging(level: str) -> None:
-    """Log to stderr; pynetdicom stays at WARNING because its debug output dumps datasets."""
-    logging.basicConfig(
-        level=level.upper(),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
+def setup_logging(level: str, fmt: str = "text") -> None:
+    """Log to stderr as text or JSON lines (``[logging] format``); pynetdicom stays at WARNING
+    because its debug output dumps datasets."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(jsonlog.formatter(fmt))
+    logging.basicConfig(level=level.upper(), handlers=[handler])
     logging.getLogger("pynetdicom").setLevel(logging.WARNING)
     # highdicom logs each copied module with the source UIDs at INFO.
     logging.getLogger("highdicom").setLevel(logging.WARNING)
@@ -40,7 +39,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from imaging_ai.pipeline import run_daemon
 
     config = _config(args)
-    setup_logging(config.logging.level)
+    setup_logging(config.logging.level, config.logging.format)
     run_daemon(config)
     return 0
 
@@ -50,7 +49,7 @@ def cmd_db_upgrade(args: argparse.Namespace) -> int:
     from imaging_ai.db.session import make_engine, upgrade
 
     config = _config(args)
-    setup_logging(config.logging.level)
+    setup_logging(config.logging.level, config.logging.format)
     Path(config.storage.data_dir).mkdir(parents=True, exist_ok=True)
     engine = make_engine(config.storage.resolved_database_url)
     upgrade(engine)
@@ -70,7 +69,7 @@ def cmd_infer(args: argparse.Namespace) -> int:
     from imaging_ai.analyse import analyse_study, load_models, write_outputs
 
     config = _config(args)
-    setup_logging(config.logging.level)
+    setup_logging(config.logging.level, config.logging.format)
     engines = config.engines
     if args.engines_dir:
         engines = replace(engines, dir=str(args.engines_dir))

@@ -39,6 +39,7 @@ ENV_PREFIX = "IMAGING_AI_"
 PRIORITY_CLASSES = ("urgent", "inpatient", "outpatient")
 ROLES = ("ris", "admin", "metrics")
 BACKENDS = ("auto", "tensorrt", "onnxruntime-cuda", "onnxruntime-cpu")
+LOG_FORMATS = ("text", "json")
 # Every table of the file: unknown keys are refused, not ignored.
 _TABLE = ConfigDict(extra="forbid")
 
@@ -310,6 +311,8 @@ class LoggingConfig:
     __pydantic_config__ = _TABLE
 
     level: StrictStr = "INFO"
+    # "text" (one readable line per record) or "json" (one JSON object per line).
+    format: StrictStr = "text"
 
 
 @dataclass(frozen=True)
@@ -444,6 +447,8 @@ def _validate(config: Config) -> None:
         raise ConfigError(
             f"logging.level must be DEBUG, INFO, WARNING or ERROR, got {config.logging.level!r}"
         )
+    if config.logging.format not in LOG_FORMATS:
+        raise ConfigError(f'logging.format must be "text" or "json", got {config.logging.format!r}')
 
 
 def _validate_ae_title(key: str, ae: str) -> None:

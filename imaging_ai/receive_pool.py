@@ -393,7 +393,7 @@ def _worker_main(
 ) -> None:
     from imaging_ai.cli import setup_logging
 
-    setup_logging(config.logging.level)
+    setup_logging(config.logging.level, config.logging.format)
     die_with_parent()
     # The parent owns shutdown; a terminal's Ctrl-C must not kill receivers mid-write.
     signal.signal(signal.SIGINT, signal.SIG_IGN)

@@ -11,7 +11,8 @@ Stages:
     any reference mark (LIDC: any reader's nodule or non-nodule mark within 15 mm; RIDER: within
     15 mm of the tumour's contours) and save their HU patches as negatives
     (``--real-out``, an npz). This is the only use of real CT in training: negatives.
-``train``  (the GPU machine: numpy + torch; imaging_ai's phantom and candidates modules)
+``train``  (the GPU machine: numpy + torch + tqdm; imaging_ai's phantom, candidates and
+progress modules)
     Generate ``--studies`` phantoms (seeds 100000 + i, the training range, with
     ``training.data.draw_spec``'s protocols) in ``--workers`` processes, sample patches
     (``training.candidates``), add the real negatives, train a small 3-D CNN with flips,
@@ -48,6 +49,8 @@ from training.candidates import (
     volume_patches,
 )
 
+from imaging_ai import progress
+
 WINDOW = (-300.0, 1600.0)  # centre, width: lung to bone and dense contrast stay apart
 TRAIN_FIRST, VALIDATION_FIRST = 100_000, 200_000
 
@@ -79,15 +82,20 @@ def _one_study(seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return volume_patches(vol.hu, vol.spacing_mm, centres), labels, kinds
 
 
-def phantom_set(first: int, count: int, workers: int, budget_s: float) -> dict[str, np.ndarray]:
-    """Patches of ``count`` phantoms from seed ``first`` on; stops early at ``budget_s``."""
+def phantom_set(
+    first: int, count: int, workers: int, budget_s: float, show: bool | None = None
+) -> dict[str, np.ndarray]:
+    """Patches of ``count`` phantoms from seed ``first`` on; stops early at ``budget_s``.
+    ``show``: the progress bar's ``--progress`` / ``--no-progress`` (None: on a terminal)."""
     start, parts = time.time(), []
     ctx = multiprocessing.get_context("fork")
-    with ctx.Pool(workers) as pool:
+    bar = progress.progress(total=count, desc="phantoms", unit="study", force=show)
+    with ctx.Pool(workers) as pool, bar:
         for n, part in enumerate(pool.imap_unordered(_one_study, range(first, first + count))):
             parts.append(part)
+            bar.update()
             if n % 16 == 0:
-                print(f"  {n + 1}/{count} phantoms, {time.time() - start:.0f} s", flush=True)
+                progress.echo(f"  {n + 1}/{count} phantoms, {time.time() - start:.0f} s")
             if time.time() - start > budget_s:
                 pool.terminate()
                 break
@@ -165,7 +173,9 @@ def train(data: dict[str, np.ndarray], args: argparse.Namespace) -> Any:
     sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=2e-3, total_steps=steps)
     loss_fn = torch.nn.BCEWithLogitsLoss(reduction="none")
     start = time.time()
-    for epoch in range(args.epochs):
+    for epoch in progress.progress(
+        range(args.epochs), desc="train", unit="epoch", force=args.progress
+    ):
         order = torch.randperm(len(y), device="cuda", generator=gen)
         total = 0.0
         for i in range(0, len(y), args.batch):
@@ -179,7 +189,9 @@ def train(data: dict[str, np.ndarray], args: argparse.Namespace) -> Any:
             opt.step()
             sched.step()
             total += float(loss) * len(idx)
-        print(f"  epoch {epoch + 1}: loss {total / len(y):.4f} ({time.time() - start:.0f} s)")
+        progress.echo(
+            f"  epoch {epoch + 1}: loss {total / len(y):.4f} ({time.time() - start:.0f} s)"
+        )
     return net.eval()
 
 
@@ -231,8 +243,10 @@ def stage_train(args: argparse.Namespace) -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     t = time.time()
-    train_set = phantom_set(TRAIN_FIRST, args.studies, args.workers, args.budget_s)
-    valid = phantom_set(VALIDATION_FIRST, args.validation_studies, args.workers, 100.0)
+    train_set = phantom_set(TRAIN_FIRST, args.studies, args.workers, args.budget_s, args.progress)
+    valid = phantom_set(
+        VALIDATION_FIRST, args.validation_studies, args.workers, 100.0, args.progress
+    )
     print(f"phantoms: {int(train_set['studies'])} train, {int(valid['studies'])} validation, "
           f"{time.time() - t:.0f} s")  # fmt: skip
     if args.real:
@@ -273,6 +287,7 @@ def main() -> None:
     parser.add_argument("--cases", default="", help="development CASES folder (stage real)")
     parser.add_argument("--real-threshold", type=float, default=0.5)
     parser.add_argument("--real-out", default=".train/real_negatives.npz")
+    progress.add_argument(parser)
     args = parser.parse_args()
     if args.stage == "train":
         stage_train(args)

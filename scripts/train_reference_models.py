@@ -33,7 +33,9 @@ One command does everything on a CUDA machine with the daemon's dependencies and
 The shipped weights came from three leased-GPU runs (the last one fine-tuning nodule-det 1.0.0
 into the 2.5-D 2.0.0, its single-slice weights inflated by ``training.nets.inflate_input``) and
 CPU steps here; docs/models.md gives the exact commands. ``--stage train`` needs torch (the
-``train`` extra); the other stages need the daemon's dependencies (and torch for ``export``).
+``train`` extra); the other stages need the daemon's dependencies (and torch for ``export``);
+every stage imports tqdm, a daemon dependency, for its progress bars (``--progress`` /
+``--no-progress``; by default only when stderr is a terminal).
 Training on a CPU works (``--device cpu``) but is slow: on the 2-core development machine one
 nodule-det step of 8 slices takes ~5 s.
 """
@@ -53,6 +55,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # scripts/, for the tr
 sys.path.insert(1, str(Path(__file__).resolve().parents[1]))  # imaging_ai without installing
 
 from training.recipes import ENGINES, LUNG_SEG, NODULE_DET, RECIPES, Recipe
+
+from imaging_ai import progress
 
 NAMES = [r.name for r in RECIPES]
 UNMEASURED = {"status": "trained; not yet evaluated (run scripts/evaluate_reference_models.py)"}
@@ -101,6 +105,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-fp-per-study", type=float, default=1.0, help="calibration target")
     p.add_argument("--test-studies", type=int, default=30)
     p.add_argument("--timing-repeats", type=int, default=5)
+    progress.add_argument(p)
     return p.parse_args(argv)
 
 
@@ -119,9 +124,9 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     t0 = time.perf_counter()
     seeds = TRAIN_SEEDS[args.first_study : args.first_study + args.studies]
     monitor_seeds = VALIDATION_SEEDS[-args.monitor_studies :]
-    monitor = build_samples(monitor_seeds, *grids, workers=workers)
+    monitor = build_samples(monitor_seeds, *grids, workers=workers, progress=args.progress)
     cap = t0 + args.data_minutes * 60 if args.data_minutes else None
-    samples = build_samples(seeds, *grids, workers=workers, deadline=cap)
+    samples = build_samples(seeds, *grids, workers=workers, deadline=cap, progress=args.progress)
     seeds = seeds[: len(np.unique(samples.seeds))]
     # CUDA is touched only now: the phantom workers above were forked from a CUDA-free process.
     device = _device(args.device, torch)
@@ -156,9 +161,8 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
         config = FitConfig(steps, args.batch, args.lr, args.seed, positive, guard)
         print(f"{recipe.name}: {parameter_count(model)} parameters, {steps} steps on {device}")
         x, y = (to_device(a, device) for a in xy)
-        fitted = fit(
-            model, x, y, config, val=(to_device(val[0], device), to_device(val[1], device))
-        )
+        monitored = (to_device(val[0], device), to_device(val[1], device))
+        fitted = fit(model, x, y, config, val=monitored, progress=args.progress)
         del x, y
         (args.out / recipe.name).mkdir(parents=True, exist_ok=True)
         torch.save(model.state_dict(), args.out / recipe.name / "weights.pt")
@@ -233,9 +237,9 @@ def calibrate(args: argparse.Namespace) -> dict[str, Any]:
     _, nodule = load_models(args.engines)
     seeds = VALIDATION_SEEDS[: args.calibration_studies]
     candidates = []
-    for seed in seeds:
+    for seed in progress.progress(seeds, desc="calibrate", unit="study", force=args.progress):
         candidates.append(cached_candidates(seed, nodule, THRESHOLDS, args.candidates_cache))
-        print(f"  validation phantom {seed}: {len(candidates[-1].diameters)} nodules", flush=True)
+        progress.echo(f"  validation phantom {seed}: {len(candidates[-1].diameters)} nodules")
     target = args.max_fp_per_study
     t, v, table = choose_operating_point(candidates, THRESHOLDS, MIN_VOLUMES_MM3, target)
     row = next(r for r in table if r[0] == t and r[1] == v)

@@ -57,6 +57,14 @@ def test_toml_and_env_override(tmp_path: Path) -> None:
     assert config.dicom.allowed_callers == (AllowedCaller("PACS", "10.0.0.5"),)
 
 
+def test_log_format_is_text_unless_json_is_asked_for(tmp_path: Path) -> None:
+    assert load_config(None, environ={}).logging.format == "text"
+    path = write(tmp_path, '[logging]\nformat = "json"\n')
+    assert load_config(path, environ={}).logging.format == "json"
+    env = {"IMAGING_AI_LOGGING__FORMAT": "json"}
+    assert load_config(None, environ=env).logging.format == "json"
+
+
 def test_env_override_of_a_table_array() -> None:
     env = {"IMAGING_AI_DICOM__ALLOWED_CALLERS": '[{ae_title = "CT1", host = "127.0.0.1"}]'}
     assert load_config(None, environ=env).dicom.allowed_callers[0].ae_title == "CT1"
@@ -84,6 +92,8 @@ def test_env_override_of_a_table_array() -> None:
         ("[storage]\ndatabase_url = 'mysql://x'\n", {}, "storage.database_url"),
         ("[priority]\nrules = [{priority = 'vip', tag = 'X', present = true}]\n", {}, "vip"),
         ("[dicom\n", {}, "not valid TOML"),
+        ("[logging]\nformat = 'xml'\n", {}, 'logging.format must be "text" or "json", got \'xml\''),
+        ("", {"IMAGING_AI_LOGGING__FORMAT": "JSON"}, "logging.format"),
     ],
 )
 def test_bad_values_name_the_key(

@@ -28,8 +28,9 @@ BIRTH_DATE = "19AB0304"
 
 
 @contextmanager
-def daemon_log() -> Iterator[io.StringIO]:
-    """What the daemon's logging (``imaging-ai serve``'s setup) writes, with warnings shown."""
+def daemon_log(fmt: str = "text") -> Iterator[io.StringIO]:
+    """What the daemon's logging (``imaging-ai serve``'s setup, ``[logging] format`` ``fmt``)
+    writes, with warnings shown."""
     root = logging.getLogger()
     handlers, level, stderr = root.handlers, root.level, sys.stderr
     stream = io.StringIO()
@@ -41,7 +42,7 @@ def daemon_log() -> Iterator[io.StringIO]:
             # captureWarnings(True) is a no-op and pytest's per-test recorder, installed since,
             # would take the warning instead of logging.
             logging.captureWarnings(False)
-            setup_logging("INFO")
+            setup_logging("INFO", fmt)
             try:
                 yield stream
             finally:

@@ -31,7 +31,13 @@ def make_engine(url: str) -> Engine:
         engine = create_engine(url, connect_args={"timeout": 30, "check_same_thread": False})
         event.listen(engine, "connect", _sqlite_pragmas)
         return engine
-    return create_engine(url, pool_pre_ping=True, pool_size=10, max_overflow=10)
+    try:
+        return create_engine(url, pool_pre_ping=True, pool_size=10, max_overflow=10)
+    except ImportError as exc:  # the dialect imports its driver here
+        raise StartupError(
+            f"storage.database_url is a PostgreSQL URL but its driver is not installed ({exc}); "
+            "install it with: pip install 'imaging-ai[postgres]'"
+        ) from exc
 
 
 def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:

@@ -7,6 +7,8 @@ import sys
 import time
 from pathlib import Path
 
+from imaging_ai import progress
+
 DEFAULT_CONFIG = Path("deploy/imaging-ai.dev.toml")
 
 
@@ -20,7 +22,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"TOML configuration ([engines] and [storage] are used; default {DEFAULT_CONFIG} "
         "when present, else the built-in defaults)",
     )
-    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    progress.add_argument(parser)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -34,7 +36,8 @@ def run(args: argparse.Namespace) -> int:
     path = args.config or (DEFAULT_CONFIG if DEFAULT_CONFIG.exists() else None)
     config = load_config(path)
     models = load_models(config.engines, Path(config.storage.data_dir))
-    results = evaluate_folder(args.cases, models, args.out, progress=not args.no_progress)
+    with progress.logs_above_bars():
+        results = evaluate_folder(args.cases, models, args.out, progress=args.progress)
     cases = [case_summary(r) for r in results]
     overall = overall_summary(results)
     summary = write_summary(args.out, cases, overall)

@@ -8,7 +8,6 @@ against its references (:mod:`imaging_ai.evaluate.metrics`) and drawn
 
 from __future__ import annotations
 
-import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -17,8 +16,8 @@ from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
-from tqdm import tqdm  # type: ignore[import-untyped]
 
+from imaging_ai import progress as bars
 from imaging_ai.analyse import Analysis, Models, analyse
 from imaging_ai.evaluate.cases import Case, find_cases, load_case
 from imaging_ai.evaluate.metrics import (
@@ -143,14 +142,17 @@ def match_reported(
 
 
 def evaluate_folder(
-    cases_dir: Path, models: Models, out: Path, *, progress: bool = True
+    cases_dir: Path, models: Models, out: Path, *, progress: bool | None = None
 ) -> list[CaseResult]:
-    """Analyse and score every case under ``cases_dir``; draw each case's PNGs under ``out``."""
+    """Analyse and score every case under ``cases_dir``; draw each case's PNGs under ``out``.
+
+    ``progress``: a bar on stderr (True), none (False), or one when stderr is a terminal (None).
+    """
     from imaging_ai.evaluate.report import draw_case
 
     results = []
     folders = find_cases(cases_dir)
-    bar = tqdm(folders, desc="evaluate", unit="case", file=sys.stderr, disable=not progress)
+    bar = bars.progress(folders, desc="evaluate", unit="case", force=progress)
     for folder in bar:
         bar.set_postfix_str(folder.name)
         case = load_case(folder)

@@ -6,6 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from imaging_ai import progress
 from imaging_ai.errors import EngineError, ModelError
 from imaging_ai.infer.tensorrt import TensorRTOptions, build_engines
 from imaging_ai.modelcard import discover_models
@@ -47,6 +48,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--optimization-level", type=int, default=None, choices=range(6))
     parser.add_argument("--device", type=int, default=0, help="CUDA device index")
     parser.add_argument("--force", action="store_true", help="rebuild cached plans too")
+    progress.add_argument(parser)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -80,7 +82,10 @@ def run(args: argparse.Namespace) -> int:
         if unknown:
             raise ModelError(f"no model named {', '.join(unknown)} in {args.engines_dir}")
         chosen = [card for card in cards if not args.model or card.name in args.model]
-        results = build_engines(chosen, args.data_dir, options, force=args.force)
+        # A bar per model (a build takes minutes); the build's log records print above it.
+        bar = progress.progress(chosen, desc="build-engines", unit="model", force=args.progress)
+        with progress.logs_above_bars(), bar:
+            results = build_engines(bar, args.data_dir, options, force=args.force)
     except (EngineError, ModelError) as exc:
         print(f"build-engines: {exc}", file=sys.stderr)
         return 1

@@ -17,6 +17,7 @@ import json
 import logging
 import os
 import time
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from types import ModuleType
@@ -376,7 +377,7 @@ class BuildResult:
 
 
 def build_engines(
-    cards: list[ModelCard],
+    cards: Iterable[ModelCard],
     data_dir: Path,
     options: TensorRTOptions | None = None,
     *,
@@ -388,8 +389,9 @@ def build_engines(
 
     Parameters
     ----------
-    cards : list[ModelCard]
-        Validated models (`discover_models`).
+    cards : Iterable[ModelCard]
+        Validated models (`discover_models`), taken one at a time (a progress bar may wrap
+        them).
     data_dir : Path
         The daemon's data folder; plans go under `data_dir/engines`.
     options : TensorRTOptions, optional

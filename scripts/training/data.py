@@ -11,8 +11,8 @@ model grid (one-hot labels resized with the same area-averaging resize), so the 
 partial-volume boundaries, which the daemon's linear upsampling of probabilities then places
 between model pixels.
 
-Only numpy and the pydicom-free parts of ``imaging_ai`` (phantom, preprocess) are imported, so this
-runs on the GPU machine too.
+Only numpy and the pydicom-free parts of ``imaging_ai`` (phantom, preprocess; progress, with
+tqdm) are imported, so this runs on the GPU machine too.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import math
 import multiprocessing
 import os
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, fields, replace
 
 import numpy as np
@@ -34,6 +34,7 @@ from imaging_ai.preprocess import (
     context_stride,
     prepare_array,
 )
+from imaging_ai.progress import progress as progress_bar
 
 F16 = npt.NDArray[np.float16]
 F32 = npt.NDArray[np.float32]
@@ -284,6 +285,7 @@ def build_samples(
     nodule: ModelGrid,
     workers: int | None = None,
     deadline: float | None = None,
+    progress: bool | None = None,
 ) -> Samples:
     """Generate and preprocess the training slices of many studies, one study per process.
 
@@ -298,24 +300,33 @@ def build_samples(
     deadline : float, optional
         A ``time.perf_counter()`` value: studies not finished by then are left out, so the
         output holds the first studies of ``seeds`` (a leased GPU's time is for training).
+    progress : bool, optional
+        A bar of the studies on stderr (True), none (False), or one when stderr is a terminal.
     """
     global _grids
     workers = workers or len(os.sched_getaffinity(0))
     _grids = (lung, nodule)
+    bar = progress_bar(total=len(seeds), desc="phantoms", unit="study", force=progress)
     try:
         if workers <= 1:
-            return Samples.concatenate(_until(map(_worker, seeds), deadline))
+            return Samples.concatenate(_until(map(_worker, seeds), deadline, bar.update))
         # Each process renders its study on one core; forking shares the code and the grids.
         with multiprocessing.get_context("fork").Pool(workers) as pool:
             chunk = max(1, math.ceil(len(seeds) / (8 * workers)))
-            return Samples.concatenate(_until(pool.imap(_worker, seeds, chunksize=chunk), deadline))
+            parts = pool.imap(_worker, seeds, chunksize=chunk)
+            return Samples.concatenate(_until(parts, deadline, bar.update))
     finally:
+        bar.close()
         _grids = None
 
 
-def _until(parts: Iterable[Samples], deadline: float | None) -> Iterator[Samples]:
-    """``parts`` in order, up to the first after ``deadline`` (always at least one)."""
+def _until(
+    parts: Iterable[Samples], deadline: float | None, done: Callable[[], object]
+) -> Iterator[Samples]:
+    """``parts`` in order, up to the first after ``deadline`` (always at least one); ``done``
+    is called as each arrives."""
     for i, part in enumerate(parts):
         if i and deadline is not None and time.perf_counter() > deadline:
             return
+        done()
         yield part

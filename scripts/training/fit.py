@@ -18,6 +18,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from imaging_ai.progress import echo
+from imaging_ai.progress import progress as progress_bar
 from training.nets import UNet, set_layout
 
 Loss = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -204,11 +206,14 @@ def fit(
     config: FitConfig,
     val: tuple[torch.Tensor, torch.Tensor] | None = None,
     log_every: int = 250,
+    progress: bool | None = None,
 ) -> FitLog:
     """Train ``model`` in place on ``x`` ``(n, [C,] H, W)`` and targets ``y`` ``(n, [C,] H, W)``.
 
     Inputs and targets may be float16 on the training device; batches are drawn with a seeded
     generator, so a CPU run repeats exactly (a GPU run up to cuDNN's non-deterministic kernels).
+    ``progress``: a bar of the steps on stderr (True), none (False), or one when stderr is a
+    terminal (None); the reports every ``log_every`` steps are printed either way.
 
     Returns
     -------
@@ -227,10 +232,11 @@ def fit(
     log = FitLog(losses=[], validation=[])
     start, running, sampled = time.perf_counter(), 0.0, 0
     model.train()
+    bar = progress_bar(total=config.steps, desc="train", unit="step", force=progress)
     for step in range(1, config.steps + 1):
-        progress = max(step / config.steps, (time.perf_counter() - start) / config.max_seconds)
+        done = max(step / config.steps, (time.perf_counter() - start) / config.max_seconds)
         for group in opt.param_groups:
-            group["lr"] = _learning_rate(config.lr, progress)
+            group["lr"] = _learning_rate(config.lr, done)
         idx = _draw(len(x), positives, config, gen, device)
         xb = _slices(x, idx)
         yb = y[idx].float() if softmax else y[idx, None].float()
@@ -242,15 +248,18 @@ def fit(
         opt.zero_grad(set_to_none=True)
         loss.backward()  # type: ignore[no-untyped-call]  # untyped in torch's stubs
         opt.step()
+        bar.update()
         if step % 10 == 0 or step == config.steps:  # reading the loss waits for the GPU
             running, sampled = running + float(loss.detach()), sampled + 1
+            bar.set_postfix(loss=f"{running / sampled:.4f}", refresh=False)
         if step % log_every == 0 or step == config.steps:
             _report(model, log, step, running / max(sampled, 1), start, val)
             running, sampled = 0.0, 0
-        if progress >= 1.0 and step < config.steps:
+        if done >= 1.0 and step < config.steps:
             log.stopped_early = True
             _report(model, log, step, running / max(sampled, 1), start, val)
             break
+    bar.close()
     log.steps, log.seconds = step, time.perf_counter() - start
     set_layout(model, torch.contiguous_format).eval()
     return log
@@ -294,14 +303,14 @@ def _report(
     start: float,
     val: tuple[torch.Tensor, torch.Tensor] | None,
 ) -> None:
-    """Record and print the running loss and, with a validation set, its Dice."""
+    """Record and print (above the bar) the running loss and, with a validation set, its Dice."""
     assert log.losses is not None and log.validation is not None
     log.losses.append(round(loss, 4))
     figures = validate(model, *val, batch=64) if val is not None else {}
     log.validation.append({"step": step, **{k: round(v, 4) for k, v in figures.items()}})
     shown = " ".join(f"{k}={v:.4f}" for k, v in figures.items())
     elapsed = time.perf_counter() - start
-    print(f"  step {step:5d}  loss {loss:.4f}  {shown}  {elapsed:.0f}s", flush=True)
+    echo(f"  step {step:5d}  loss {loss:.4f}  {shown}  {elapsed:.0f}s")
 
 
 def to_device(a: np.ndarray, device: torch.device) -> torch.Tensor:

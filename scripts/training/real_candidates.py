@@ -22,6 +22,7 @@ from imaging_ai.analyse import load_models, lung_labels, model_outputs
 from imaging_ai.candidates import candidate_centres
 from imaging_ai.config import load_config
 from imaging_ai.postprocess import detect_lesions
+from imaging_ai.progress import echo, progress
 from imaging_ai.volume import Volume, group_series, load_series, pick_series
 from training.candidates import volume_patches
 
@@ -82,7 +83,7 @@ def case_negatives(case: Path, models: object, threshold: float) -> npt.NDArray[
     lps = volume.index_to_lps(centres[:, ::-1])
     dist = np.linalg.norm(lps[:, None, :] - marks[None, :, :], axis=2).min(axis=1)
     keep = centres[dist > EXCLUDE_MM]
-    print(f"{case.name}: {len(found)} candidates at {threshold}, {len(keep)} kept as negatives")
+    echo(f"{case.name}: {len(found)} candidates at {threshold}, {len(keep)} kept as negatives")
     return volume_patches(volume.hu, volume.spacing_mm, keep)
 
 
@@ -93,7 +94,8 @@ def stage_real(args: argparse.Namespace) -> None:
     cases = sorted(p for p in Path(args.cases).iterdir() if (p / "image").is_dir())
     if any("pycerr" in c.name for c in cases):
         raise SystemExit("pycerr cases are for evaluation only; pass the dev/ folder")
-    patches = np.concatenate([case_negatives(c, models, args.real_threshold) for c in cases])
+    bar = progress(cases, desc="real", unit="case", force=args.progress)
+    patches = np.concatenate([case_negatives(c, models, args.real_threshold) for c in bar])
     Path(args.real_out).parent.mkdir(parents=True, exist_ok=True)
     np.savez_compressed(args.real_out, patches=patches)
     print(f"{len(patches)} real negatives -> {args.real_out}")

@@ -42,6 +42,19 @@ def test_build_then_reuse(
     assert list((tmp_path / "data" / "engines").glob("tiny-fp16-*.plan"))
 
 
+def test_a_forced_bar_counts_the_models_on_stderr(
+    tiny: TinyModel, tmp_path: Path, fakes: object, capsys: pytest.CaptureFixture[str]
+) -> None:
+    engines = str(tmp_path / "engines")
+    args = ("--engines-dir", engines, "--data-dir", str(tmp_path / "data"), "--max-batch", "4")
+    assert cli.run(parse(*args, "--opt-batch", "2", "--progress")) == 0
+    captured = capsys.readouterr()
+    assert "build-engines" in captured.err and "1/1" in captured.err
+    assert "build-engines" not in captured.out
+    assert cli.run(parse(*args, "--opt-batch", "2")) == 0  # not a terminal: no bar
+    assert "build-engines" not in capsys.readouterr().err
+
+
 def test_errors_become_exit_codes(
     tiny: TinyModel, tmp_path: Path, fakes: object, capsys: pytest.CaptureFixture[str]
 ) -> None:
