@@ -10,10 +10,13 @@ DEB_TEST_PACKAGES := dcmtk dicom3tools postgresql orthanc chromium chromium-driv
 
 install: $(STAMP)
 
-$(STAMP): pyproject.toml
+# The daemon, then its development kit (devkit/: phantoms, benchmarks, the tests' stand-ins),
+# which a hospital's server never installs.
+$(STAMP): pyproject.toml devkit/pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -e '.[dev]'
+	$(BIN)/pip install -q -e ./devkit
 	touch $(STAMP)
 
 run: install
@@ -31,8 +34,8 @@ deps-system:
 	fi
 
 lint: install
-	$(BIN)/ruff check imaging_ai tests scripts
-	$(BIN)/ruff format --check imaging_ai tests scripts
+	$(BIN)/ruff check imaging_ai devkit tests scripts
+	$(BIN)/ruff format --check imaging_ai devkit tests scripts
 
 typecheck: install
 	$(BIN)/mypy
