@@ -13,7 +13,9 @@ install: $(STAMP)
 # The exact versions the tests passed with (uv pip compile: every platform, hashes checked by
 # pip); the repository's own packages go in editable on top of them, without resolving again.
 LOCK := requirements/dev.lock
-PACKAGES := .
+# The daemon, then its development kit (devkit/: phantoms, benchmarks, the tests' stand-ins),
+# which a hospital's server never installs.
+PACKAGES := . ./devkit
 PYPROJECTS := $(addsuffix /pyproject.toml,$(PACKAGES))
 
 $(STAMP): $(PYPROJECTS) $(LOCK)
@@ -51,8 +53,8 @@ deps-system:
 	fi
 
 lint: install
-	$(BIN)/ruff check imaging_ai tests scripts benchmarks
-	$(BIN)/ruff format --check imaging_ai tests scripts benchmarks
+	$(BIN)/ruff check imaging_ai devkit tests scripts benchmarks
+	$(BIN)/ruff format --check imaging_ai devkit tests scripts benchmarks
 
 typecheck: install
 	$(BIN)/mypy

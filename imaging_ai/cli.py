@@ -1,15 +1,21 @@
-"""Takes the command line and gives the `imaging-ai` subcommands (serve, phantom, db, bench)."""
+"""Takes the command line and gives the `imaging-ai` subcommands (serve, db, infer, evaluate...).
+
+Installed packages add more through the ``imaging_ai.commands`` extension point
+(`imaging_ai.plugins`): the development kit adds `phantom` and `bench`. They are looked up only
+when the command line names none of the daemon's own, so `imaging-ai serve` never imports them.
+"""
 
 from __future__ import annotations
 
 import argparse
 import logging
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
+from typing import TypeAlias
 
-from imaging_ai import __version__, jsonlog, redact
+from imaging_ai import __version__, jsonlog, plugins, redact
 from imaging_ai.config import BACKENDS, Config, load_config
 from imaging_ai.errors import ImagingAIError
 
@@ -57,13 +63,6 @@ def cmd_db_upgrade(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_phantom(args: argparse.Namespace) -> int:
-    """Write a synthetic chest CT study."""
-    from imaging_ai.phantom.cli import run
-
-    return run(args)
-
-
 def cmd_infer(args: argparse.Namespace) -> int:
     """Analyse one study folder and write labels.nii.gz and findings.json."""
     from imaging_ai.analyse import analyse_study, load_models, write_outputs
@@ -104,49 +103,18 @@ def cmd_build_engines(args: argparse.Namespace) -> int:
     return run(args)
 
 
-def cmd_bench_ingest(args: argparse.Namespace) -> int:
-    """Benchmark ingest against DCMTK storescp."""
-    from imaging_ai.bench.ingest import run
-
-    setup_logging("WARNING")
-    return run(args)
+Subparsers: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
 
 
-def cmd_bench_schedule(args: argparse.Namespace) -> int:
-    """Benchmark the urgent study's turnaround under load."""
-    from imaging_ai.bench.schedule import run
+def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
+    """The argument parser with the daemon's subcommands, and installed ones.
 
-    setup_logging("WARNING")
-    return run(args)
-
-
-def cmd_bench_turnaround(args: argparse.Namespace) -> int:
-    """Benchmark one study's turnaround through Orthanc, by stage."""
-    from imaging_ai.bench.turnaround import run
-
-    setup_logging("WARNING")
-    return run(args)
-
-
-def cmd_bench_sustained(args: argparse.Namespace) -> int:
-    """Benchmark capacity and deadline misses under a mixed-priority stream."""
-    from imaging_ai.bench.sustained import run
-
-    setup_logging("WARNING")
-    return run(args)
-
-
-def cmd_bench_engines(args: argparse.Namespace) -> int:
-    """Benchmark the inference backends against PyTorch eager."""
-    from imaging_ai.bench.engines import run
-
-    setup_logging("WARNING")
-    return run(args)
-
-
-def build_parser() -> argparse.ArgumentParser:
-    """The argument parser with every subcommand."""
-    parser = argparse.ArgumentParser(prog="imaging-ai", description=__doc__)
+    Installed subcommands are looked up only where ``argv`` names none of the daemon's own.
+    """
+    parser = argparse.ArgumentParser(
+        prog="imaging-ai",
+        description="A hospital-intranet daemon: CT studies in, AI results to PACS and RIS.",
+    )
     parser.add_argument("--version", action="version", version=f"imaging-ai {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -159,12 +127,6 @@ def build_parser() -> argparse.ArgumentParser:
     db_upgrade = db_sub.add_parser("upgrade", help="apply migrations up to the newest")
     db_upgrade.add_argument("--config", help="TOML configuration file")
     db_upgrade.set_defaults(func=cmd_db_upgrade)
-
-    from imaging_ai.phantom.cli import add_arguments as phantom_arguments
-
-    phantom = sub.add_parser("phantom", help="write a synthetic chest CT study")
-    phantom_arguments(phantom)
-    phantom.set_defaults(func=cmd_phantom)
 
     infer = sub.add_parser("infer", help="analyse one study folder (labels.nii.gz, findings.json)")
     infer.add_argument("study_dir", type=Path, help="folder of the study's DICOM files")
@@ -188,45 +150,32 @@ def build_parser() -> argparse.ArgumentParser:
     build_arguments(build)
     build.set_defaults(func=cmd_build_engines)
 
-    bench = sub.add_parser("bench", help="benchmarks")
-    bench_sub = bench.add_subparsers(dest="bench_command", required=True)
-    from imaging_ai.bench.ingest import add_arguments as ingest_arguments
-
-    ingest = bench_sub.add_parser("ingest", help="images/s into the daemon vs DCMTK storescp")
-    ingest_arguments(ingest)
-    ingest.set_defaults(func=cmd_bench_ingest)
-    from imaging_ai.bench.schedule import add_arguments as schedule_arguments
-
-    schedule = bench_sub.add_parser("schedule", help="urgent turnaround under load vs idle")
-    schedule_arguments(schedule)
-    schedule.set_defaults(func=cmd_bench_schedule)
-    from imaging_ai.bench.turnaround import add_arguments as turnaround_arguments
-
-    turnaround = bench_sub.add_parser(
-        "turnaround", help="last instance in to results in PACS, by stage (Orthanc pushing)"
-    )
-    turnaround_arguments(turnaround)
-    turnaround.set_defaults(func=cmd_bench_turnaround)
-    from imaging_ai.bench.sustained import add_arguments as sustained_arguments
-
-    sustained = bench_sub.add_parser(
-        "sustained", help="capacity, then deadline misses per class at 80%% of it"
-    )
-    sustained_arguments(sustained)
-    sustained.set_defaults(func=cmd_bench_sustained)
-    from imaging_ai.bench.engines import add_arguments as engines_arguments
-
-    engines = bench_sub.add_parser(
-        "engines", help="slices/s per backend and batch size vs PyTorch eager FP32"
-    )
-    engines_arguments(engines)
-    engines.set_defaults(func=cmd_bench_engines)
+    if not argv or argv[0] not in sub.choices:
+        _add_extension_commands(parser, sub)
     return parser
+
+
+def _add_extension_commands(parser: argparse.ArgumentParser, sub: Subparsers) -> None:
+    """Let each ``imaging_ai.commands`` entry point add its subcommands to ``sub``."""
+    entries = plugins.entry_points(plugins.COMMANDS)
+    for entry in entries:
+        add: Callable[[Subparsers], None] = entry.load()
+        add(sub)
+    if not entries:
+        names = " and ".join(plugins.DEVKIT_COMMANDS)
+        parser.epilog = f"{names} are not installed: {plugins.DEVKIT_HINT}"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `imaging-ai` command."""
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    parser = build_parser(argv)
+    if argv and argv[0] in plugins.DEVKIT_COMMANDS and not plugins.entry_points(plugins.COMMANDS):
+        print(
+            f"imaging-ai: error: {argv[0]} is not installed: {plugins.DEVKIT_HINT}", file=sys.stderr
+        )
+        return 2
+    args = parser.parse_args(argv)
     try:
         return int(args.func(args))
     except ImagingAIError as exc:

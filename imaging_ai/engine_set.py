@@ -22,7 +22,6 @@ from imaging_ai.assemble import RANKS
 from imaging_ai.batch import Batcher, BatchingConfig, BatchingEngine
 from imaging_ai.config import EnginesConfig
 from imaging_ai.errors import ConfigError, EngineError, StartupError
-from imaging_ai.infer.fake import FailingGpu
 from imaging_ai.modelcard import ModelCard
 from imaging_ai.schedule import Claim
 from imaging_ai.workers import PoolConfig, WorkerPool, WorkerSpec
@@ -65,9 +64,9 @@ class EngineSet:
             max_batch_size=config.max_batch_size,
         )
         gpus = None if config.gpus < 0 else config.gpus
-        if faults.failing(faults.GPU_ERROR):  # test only: GPU workers whose GPU fails
-            spec = replace(spec, factory=FailingGpu(config.cpu_threads, config.max_batch_size))
-            gpus = gpus or 1
+        factory = faults.engine_factory(config.cpu_threads, config.max_batch_size)
+        if factory is not None:  # test only (IMAGING_AI_FAULT): e.g. a GPU worker whose GPU fails
+            spec, gpus = replace(spec, factory=factory), gpus or 1
         self.pool = WorkerPool(
             spec, PoolConfig(gpus=gpus, cpu_workers=config.cpu_workers, depth=config.worker_depth)
         )

@@ -1,24 +1,22 @@
-"""Test-only: takes IMAGING_AI_FAULT=<point> at start and SIGKILLs the daemon at that point,
-or makes one part fail.
+"""Takes IMAGING_AI_FAULT at start and gives the daemon's fault hooks: no-ops unless it is set.
 
-Off unless the variable is set. The reliability tests (``tests/reliability``) use it to kill the
-daemon at an exact stage boundary instead of racing a timer; ``docs/reliability.md`` lists the
-points and what is durable at each. A failure (`FAILURES`) instead breaks a part while the
-daemon runs on, e.g. a GPU whose every batch raises a CUDA error. It is read once, by
-:func:`arm` when the daemon starts, and a value that names neither stops the start. A hospital
-never sets it.
+The reliability tests (``tests/reliability``) kill the daemon at an exact stage boundary
+instead of racing a timer, or break a part while it runs on; ``docs/reliability.md`` lists what
+is durable at each point. The daemon only calls the hooks: `reach` at each of `POINTS`, and
+`engine_factory` when it builds its inference workers. What they do is a fault plan, which the
+development kit registers (entry-point group ``imaging_ai.faults``, `imaging_ai.plugins`). The
+variable is read once, by :func:`arm` when the daemon starts; with no plan installed, or a value
+the plan does not know, a set variable stops the start. A hospital never sets it.
 """
 
 from __future__ import annotations
 
-import logging
-import os
-import signal
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from typing import Protocol
 
+from imaging_ai import plugins
 from imaging_ai.errors import ConfigError
-
-log = logging.getLogger(__name__)
+from imaging_ai.infer.base import EngineFactory
 
 ENV = "IMAGING_AI_FAULT"
 POINTS = {
@@ -30,42 +28,61 @@ POINTS = {
     "after:deliver": "a destination confirmed a delivery, before the row is marked done",
 }
 
-GPU_ERROR = "gpu:error"
-FAILURES = {
-    GPU_ERROR: "every batch on a GPU worker's engine raises a CUDA error, so the CPU fallback "
-    "runs it; the engines' set starts one GPU worker even on a host without a GPU",
-}
 
-_armed = ""
+class FaultPlan(Protocol):
+    """What an armed fault does to the daemon; the development kit has the only plans."""
+
+    def reach(self, point: str) -> None:
+        """Called at each of `POINTS` as the daemon passes it (a plan may SIGKILL there)."""
+
+    def engine_factory(self, cpu_threads: int, max_batch_size: int) -> EngineFactory | None:
+        """Engines that replace the workers' own, on at least one GPU worker; None keeps them."""
+
+
+class _NoFaults:
+    """The daemon's plan unless IMAGING_AI_FAULT is set: nothing happens."""
+
+    def reach(self, point: str) -> None:
+        """Nothing."""
+
+    def engine_factory(self, cpu_threads: int, max_batch_size: int) -> EngineFactory | None:
+        """None: the workers keep their engines."""
+        return None
+
+
+_plan: FaultPlan = _NoFaults()
 
 
 def arm(environ: Mapping[str, str]) -> None:
-    """Read the fault point from ``environ`` (once, at start); no variable disarms.
+    """Read the fault from ``environ`` (once, at start); no variable, or an empty one, disarms.
 
     Raises
     ------
     ConfigError
-        The variable names no known point.
+        The variable is set and no fault plan is installed, or the plan refuses its value.
     """
-    global _armed
-    point = environ.get(ENV, "")
-    if point and point not in POINTS and point not in FAILURES:
-        known = ", ".join([*POINTS, *FAILURES])
-        raise ConfigError(f"{ENV}={point!r} is not a fault point; known: {known}")
-    _armed = point
-    if point in FAILURES:
-        log.warning("%s=%s: %s (test only)", ENV, point, FAILURES[point])
-    elif point:
-        log.warning("%s=%s: this daemon will SIGKILL itself there (test only)", ENV, point)
-
-
-def failing(failure: str) -> bool:
-    """Whether ``failure`` (one of `FAILURES`) is the armed fault."""
-    return failure == _armed
+    global _plan
+    value = environ.get(ENV, "")
+    if not value:
+        _plan = _NoFaults()
+        return
+    registered = plugins.entry_points(plugins.FAULTS)
+    if not registered:
+        raise ConfigError(
+            f"{ENV}={value!r} is set, but fault injection is not installed: {plugins.DEVKIT_HINT}"
+        )
+    if len(registered) > 1:
+        names = ", ".join(ep.value for ep in registered)
+        raise ConfigError(f"{ENV}: more than one fault plan is installed ({names})")
+    make_plan: Callable[[str], FaultPlan] = registered[0].load()
+    _plan = make_plan(value)
 
 
 def reach(point: str) -> None:
-    """SIGKILL this process if ``point`` is the armed one; otherwise do nothing."""
-    if point == _armed:
-        log.critical("%s=%s reached: SIGKILL", ENV, point)
-        os.kill(os.getpid(), signal.SIGKILL)
+    """Tell the armed plan the daemon is at ``point`` (one of `POINTS`)."""
+    _plan.reach(point)
+
+
+def engine_factory(cpu_threads: int, max_batch_size: int) -> EngineFactory | None:
+    """The armed plan's engines for the inference workers, or None to keep theirs."""
+    return _plan.engine_factory(cpu_threads, max_batch_size)

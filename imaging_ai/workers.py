@@ -39,27 +39,27 @@ from pathlib import Path
 
 import numpy as np
 
-from imaging_ai import faults
+from imaging_ai import faults, plugins
 from imaging_ai.arena import ArenaRef, SliceArena, SlotBatch
 from imaging_ai.batch import BatchCallback, Priority
 from imaging_ai.errors import EngineError, StartupError
 from imaging_ai.infer.base import (
+    Backend,
     BackendInfo,
     Engine,
+    EngineFactory,
     FloatArray,
     infer_into,
     sample_batch,
     write_pieces,
 )
 from imaging_ai.infer.cuda_mem import CudaRuntime, PinnedBuffer
-from imaging_ai.infer.fake import FixedLatencyBackend
 from imaging_ai.infer.ort import last_stages
 from imaging_ai.modelcard import ModelCard, load_model_card
 from imaging_ai.states import PoolPhase, WorkerState
 
 log = logging.getLogger(__name__)
 
-EngineFactory = Callable[[ModelCard, str], Engine]
 _PARENT_POLL_S = 0.5
 _TICK_S = 0.1
 _TRACES = 4096  # traces of the latest batches kept for `WorkerPool.take_traces`
@@ -73,16 +73,17 @@ Pieces = tuple[FloatArray, FloatArray]
 class WorkerSpec:
     """What every worker process loads: the model folders and how to run them.
 
-    `backend` is a `make_backend` setting, or (tests) `fake:latency=S,per_slice=S,max_batch=N`
-    for a FixedLatencyBackend. `factory`, a picklable callable (card, device) -> Engine, replaces
-    both (tests). A CPU worker runs `onnxruntime-cpu` whatever the setting. `cuda_graphs` turns
-    ONNX Runtime's CUDA graphs on where the GPU default (`infer.ort.GPU_CUDA_GRAPHS`) has them
-    off (benchmarks). `concurrency` is how many batches a GPU worker runs at once, each on its
-    own copy of the engines (own CUDA streams), so one batch's copies and Python overlap
-    another's kernels; a CPU worker runs one (its engine has threads of its own). CUDA graphs
-    need one at a time: a capture in one thread breaks CUDA calls in the others. With
-    `staged_copies` a GPU worker copies each batch through page-locked buffers of its own
-    instead of page-locking the shared slots. `gpu_threads` is ONNX Runtime's intra-op threads
+    `backend` is a `make_backend` setting, or ``NAME:OPTIONS`` for a backend an installed package
+    registers (`extension_backend`; tests: the development kit's
+    `fake:latency=S,per_slice=S,max_batch=N`). `factory`, a picklable callable
+    (card, device) -> Engine, replaces both (tests). A CPU worker runs `onnxruntime-cpu` whatever
+    the setting. `cuda_graphs` turns ONNX Runtime's CUDA graphs on where the GPU default
+    (`infer.ort.GPU_CUDA_GRAPHS`) has them off (benchmarks). `concurrency` is how many batches a GPU
+    worker runs at once, each on its own copy of the engines (own CUDA streams), so one batch's
+    copies and Python overlap another's kernels; a CPU worker runs one (its engine has threads of
+    its own). CUDA graphs need one at a time: a capture in one thread breaks CUDA calls in the
+    others. With `staged_copies` a GPU worker copies each batch through page-locked buffers of its
+    own instead of page-locking the shared slots. `gpu_threads` is ONNX Runtime's intra-op threads
     per GPU session: a CUDA graph's few CPU nodes are shape arithmetic, and the default (0: one
     pinned thread per physical core, spinning after every run) puts dozens of spinning threads
     per worker on the cores that feed the GPUs. A GPU worker's CPU-fallback sessions keep
@@ -114,10 +115,11 @@ class WorkerSpec:
 class PoolConfig:
     """How many workers, how deep their queues, and when the watchdog steps in.
 
-    `gpus` None probes the host (0 for the fake and CPU settings); 0 means `cpu_workers` CPU
-    workers. A batch running past `hang_timeout_s` (or a start past `start_timeout_s`: TensorRT
-    may build a plan) kills the worker. A batch is tried `max_attempts` times; after
-    `max_restarts` crashes in a row a GPU worker comes back on the CPU, and a CPU worker stays down.
+    `gpus` None probes the host (0 for a factory, an extension backend and the CPU setting); 0
+    means `cpu_workers` CPU workers. A batch running past `hang_timeout_s` (or a start past
+    `start_timeout_s`: TensorRT may build a plan) kills the worker. A batch is tried `max_attempts`
+    times; after `max_restarts` crashes in a row a GPU worker comes back on the CPU, and a CPU
+    worker stays down.
     """
 
     gpus: int | None = None
@@ -224,17 +226,30 @@ class _Failed:
     retry: bool
 
 
-def fake_backend(setting: str) -> FixedLatencyBackend:
-    """Test-only: `fake:latency=0.05,per_slice=0.001,max_batch=32` as a FixedLatencyBackend."""
-    items = [i.split("=", 1) for i in setting.removeprefix("fake:").split(",") if i]
-    values = {k: float(v) for k, v in items}
-    unknown = set(values) - {"latency", "per_slice", "max_batch"}
-    if unknown:
-        raise EngineError(f"backend = {setting!r}: unknown fake option(s) {sorted(unknown)}")
-    max_batch = int(values.get("max_batch", 32))
-    return FixedLatencyBackend(
-        values.get("latency", 0.0), values.get("per_slice", 0.0), max_batch_size=max_batch
-    )
+def extension_backend(setting: str) -> Backend:
+    """The backend an installed package registers for ``NAME:OPTIONS`` (`imaging_ai.plugins`).
+
+    The development kit registers ``fake``: ``fake:latency=0.05,per_slice=0.001,max_batch=32``
+    is a fixed-latency engine for the scheduler tests and the stage-time scripts.
+
+    Raises
+    ------
+    EngineError
+        Nothing registers ``NAME``, or its factory refuses the options.
+    """
+    name = setting.partition(":")[0]
+    entry = plugins.find(plugins.BACKENDS, name)
+    if entry is None:
+        raise EngineError(
+            f"backend = {setting!r}: no backend {name!r} is installed; {plugins.DEVKIT_HINT}"
+        )
+    make: Callable[[str], Backend] = entry.load()
+    return make(setting)
+
+
+def is_extension_backend(setting: str) -> bool:
+    """Whether ``setting`` names an installed package's backend (``NAME:OPTIONS``)."""
+    return ":" in setting
 
 
 def least_loaded(loads: Sequence[int | None], avoid: int | None = None) -> int | None:
@@ -274,9 +289,9 @@ def _load_engines(spec: WorkerSpec, device: str) -> tuple[dict[str, Engine], dic
     cards = {c.name: c for c in (load_model_card(d) for d in spec.model_dirs)}
     if spec.factory is not None:
         return {n: spec.factory(c, device) for n, c in cards.items()}, cards
-    if spec.backend.startswith("fake:"):
-        fake = fake_backend(spec.backend)
-        return {n: fake.load(c) for n, c in cards.items()}, cards
+    if is_extension_backend(spec.backend):
+        extension = extension_backend(spec.backend)
+        return {n: extension.load(c) for n, c in cards.items()}, cards
     from imaging_ai.infer.ort import OrtOptions
     from imaging_ai.infer.select import load_engine, make_backend
 
@@ -696,7 +711,7 @@ class WorkerPool:
     def _devices(self) -> list[int | None]:
         gpus = self.config.gpus
         if gpus is None:
-            cpu_only = self.spec.factory is not None or self.spec.backend.startswith("fake:")
+            cpu_only = self.spec.factory is not None or is_extension_backend(self.spec.backend)
             if cpu_only or self.spec.backend == "onnxruntime-cpu":
                 gpus = 0
             else:

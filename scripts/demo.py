@@ -32,18 +32,18 @@ from types import FrameType
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+sys.path[:0] = [str(ROOT), str(ROOT / "devkit")]
 
-from imaging_ai.bench.harness import ADMIN_TOKEN  # noqa: E402
-from imaging_ai.bench.orthanc import OrthancPacs  # noqa: E402
-from imaging_ai.bench.schedule import make_study  # noqa: E402
-from imaging_ai.bench.stack import (  # noqa: E402
+from imaging_ai_devkit.bench.harness import ADMIN_TOKEN  # noqa: E402
+from imaging_ai_devkit.bench.orthanc import OrthancPacs  # noqa: E402
+from imaging_ai_devkit.bench.schedule import make_study  # noqa: E402
+from imaging_ai_devkit.bench.stack import (  # noqa: E402
     PRIORITY_ORDER,
     Hospital,
     HospitalOptions,
     study_identity,
 )
-from imaging_ai.bench.stages import label, read_stages  # noqa: E402
+from imaging_ai_devkit.bench.stages import label, read_stages  # noqa: E402
 
 # Study i gets PRIORITIES[i % 3]; they are sent least urgent first, so the urgent one is last in.
 PRIORITIES = ("urgent", "inpatient", "outpatient")

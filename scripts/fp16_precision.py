@@ -30,11 +30,12 @@ import onnxruntime as ort
 from onnx import numpy_helper
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+sys.path[:0] = [str(ROOT), str(ROOT / "devkit")]
+
+from imaging_ai_devkit.phantom import PhantomSpec, generate  # noqa: E402
 
 from imaging_ai.infer.agreement import Agreement, compare  # noqa: E402
 from imaging_ai.modelcard import ModelCard, load_model_card  # noqa: E402
-from imaging_ai.phantom import PhantomSpec, generate  # noqa: E402
 from tests.infer.test_fp16_agreement import at_size, model_slices  # noqa: E402
 
 Run = Callable[[np.ndarray[Any, Any]], np.ndarray[Any, Any]]

@@ -19,7 +19,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from imaging_ai.bench.harness import free_port
+from imaging_ai_devkit.bench.harness import free_port
+
 from imaging_ai.config import load_config
 from imaging_ai.db.session import make_engine, upgrade
 from imaging_ai.receive_pool import ReceiverPool

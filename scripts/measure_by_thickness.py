@@ -8,7 +8,7 @@ nodule that a lesion hits is measured twice: as the heat map's component ("befor
 lesion segmented from the HU around it ("after", what the daemon reports). ``--detector truth``
 seeds the measurement with the phantom's nodule mask instead of the heat map.
 
-Errors are against each nodule's continuous body (:mod:`imaging_ai.phantom.sizes`): the long
+Errors are against each nodule's continuous body (:mod:`imaging_ai_devkit.phantom.sizes`): the long
 axis in in-plane voxels (pixel spacing), the volume in per cent. Nodules touching the pleura
 are left out (the pleura clips their bodies, so the known sizes do not hold), as are those the
 slab cuts.
@@ -30,11 +30,12 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # scripts/, for the training package
 sys.path.insert(1, str(Path(__file__).resolve().parents[1]))  # imaging_ai without installing
+sys.path.insert(2, str(Path(__file__).resolve().parents[1] / "devkit"))  # the development kit
 
+from imaging_ai_devkit.phantom import PhantomSpec, PhantomVolume, generate
 from training.evaluation import as_loaded, load_models, phantom_volume
 
 from imaging_ai.analyse import lung_labels, model_outputs
-from imaging_ai.phantom import PhantomSpec, PhantomVolume, generate
 from imaging_ai.postprocess import Lesion, detect_lesions
 from imaging_ai.volume import Volume
 

@@ -22,8 +22,8 @@ import sys
 import time
 from pathlib import Path
 
-from imaging_ai.bench.harness import DaemonProcess, free_port
-from imaging_ai.outputs.mllp_listener import RisListener
+from imaging_ai_devkit.bench.harness import DaemonProcess, free_port
+from imaging_ai_devkit.mllp_listener import RisListener
 
 
 def wait_for(what: str, test: object, timeout_s: float) -> None:

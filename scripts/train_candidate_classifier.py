@@ -39,6 +39,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(1, str(Path(__file__).resolve().parent.parent / "devkit"))
 
 from training.candidates import (
     KIND_NAMES,
@@ -62,9 +63,8 @@ MASS_SHARE = 0.25
 def _one_study(seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     from dataclasses import replace
 
+    from imaging_ai_devkit.phantom import generate
     from training.data import draw_spec
-
-    from imaging_ai.phantom import generate
 
     rng = np.random.default_rng([seed, 0xFB])
     spec = draw_spec(seed)

@@ -53,6 +53,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # scripts/, for the training package
 sys.path.insert(1, str(Path(__file__).resolve().parents[1]))  # imaging_ai without installing
+sys.path.insert(2, str(Path(__file__).resolve().parents[1] / "devkit"))  # the development kit
 
 from training.recipes import ENGINES, LUNG_SEG, NODULE_DET, RECIPES, Recipe
 

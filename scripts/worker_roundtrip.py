@@ -3,9 +3,9 @@
 
     .venv/bin/python scripts/worker_roundtrip.py --latency 0.005 --batches 200
 
-The test-only fixed-latency engine (`imaging_ai.infer.fake`) on the tests' tiny model; batches
-of 32 submitted straight to a `WorkerPool` with one CPU worker, 1 and then 2 in flight. Prints
-the engine's time in this process, then per batch through the pool the wall time and the
+The test-only fixed-latency engine (`imaging_ai_devkit.fake_engines`) on the tests' tiny model;
+batches of 32 submitted straight to a `WorkerPool` with one CPU worker, 1 and then 2 in flight.
+Prints the engine's time in this process, then per batch through the pool the wall time and the
 medians of its `BatchTrace`: to the worker, waiting for a free set of engines, the run, the reply
 and the way back. What is left over is what the worker path costs beyond the engine.
 """
@@ -24,10 +24,11 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+sys.path[:0] = [str(ROOT), str(ROOT / "devkit")]
+
+from imaging_ai_devkit.fake_engines import FixedLatencyBackend  # noqa: E402
 
 from imaging_ai.arena import SliceArena, SlotBatch  # noqa: E402
-from imaging_ai.infer.fake import FixedLatencyBackend  # noqa: E402
 from imaging_ai.workers import BatchTrace, PoolConfig, WorkerPool, WorkerSpec  # noqa: E402
 from tests.infer.tiny_model import make_tiny  # noqa: E402
 

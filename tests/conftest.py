@@ -14,9 +14,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from imaging_ai_devkit.bench.harness import free_port
 from sqlalchemy import Engine, create_engine, text
 
-from imaging_ai.bench.harness import free_port
 from imaging_ai.config import Config, load_config
 from imaging_ai.db.session import make_engine, upgrade
 from tests import phi_scan

@@ -6,7 +6,7 @@ Two kinds of log are read after each test:
 - the records logged in the test's own process, each passed first through the daemon's
   :class:`~imaging_ai.redact.RedactingFilter` (what ``imaging-ai serve``'s handlers apply), then
   formatted with its traceback;
-- every ``daemon.log`` a :class:`~imaging_ai.bench.harness.DaemonProcess` started in the test
+- every ``daemon.log`` a :class:`~imaging_ai_devkit.bench.harness.DaemonProcess` started in the test
   wrote (the daemon as a subprocess, its receivers and workers included).
 
 A test whose logs hold one of :data:`IDENTIFIERS` fails with the offending lines.
@@ -21,7 +21,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from imaging_ai.bench import harness
+from imaging_ai_devkit.bench import harness
+
 from imaging_ai.redact import RedactingFilter
 
 IDENTIFIERS = re.compile(
@@ -35,7 +36,7 @@ IDENTIFIERS = re.compile(
             r"Doe\^J",  # tests/outputs/test_demographics.py
             r"M[üu]ller\^J",
             r"Ødegård",
-            r"PHANTOM\^S\d+",  # imaging_ai/phantom/dicom.py: PatientName, PatientID
+            r"PHANTOM\^S\d+",  # devkit/imaging_ai_devkit/phantom/dicom.py: PatientName, PatientID
             r"PHANTOM-\d+",
         ]
     )

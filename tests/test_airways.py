@@ -7,13 +7,13 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
+from imaging_ai_devkit.phantom import PhantomSpec, PhantomVolume, generate
+from imaging_ai_devkit.phantom.structures import AIRWAY
 from numpy.typing import NDArray
 
 from imaging_ai import airways as airways_module
 from imaging_ai.airways import central_airways
 from imaging_ai.lungs import largest_per_side, lungs_only
-from imaging_ai.phantom import PhantomSpec, PhantomVolume, generate
-from imaging_ai.phantom.structures import AIRWAY
 from imaging_ai.postprocess import RIGHT_LUNG
 from imaging_ai.volume import Volume
 

@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 
 from imaging_ai.analyse import LoadedModel, lung_labels, run_model, spec_from_card
-from imaging_ai.infer.fake import write_conv_softmax_onnx
 from imaging_ai.infer.ort import OrtBackend, OrtOptions
 from imaging_ai.modelcard import load_model_card, validate_against_onnx
 from imaging_ai.preprocess import prepare_slices
 from imaging_ai.volume import Volume
+from tests.fakes.onnx_models import write_conv_softmax_onnx
 
 CARD = """\
 name = "context-seg"

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from imaging_ai_devkit.fake_engines import FixedLatencyBackend, FixedLatencyEngine
 
 from imaging_ai.arena import SlotBatch
 from imaging_ai.batch import (
@@ -27,7 +28,6 @@ from imaging_ai.batch import (
 )
 from imaging_ai.errors import EngineError
 from imaging_ai.infer.base import BackendInfo, FloatArray
-from imaging_ai.infer.fake import FixedLatencyBackend, FixedLatencyEngine
 from tests.infer.tiny_model import make_tiny
 
 SHAPE = (1, 16, 16)  # the tiny model's input slice

@@ -9,12 +9,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from imaging_ai_devkit.bench.engines import Cell, headline, measure
+from imaging_ai_devkit.bench.harness import ENGINES_DIR
+from imaging_ai_devkit.bench.stages import StudyStages
+from imaging_ai_devkit.bench.turnaround import headline as turnaround_headline
+from imaging_ai_devkit.bench.turnaround import percentile
 
-from imaging_ai.bench.engines import Cell, headline, measure
-from imaging_ai.bench.harness import ENGINES_DIR
-from imaging_ai.bench.stages import StudyStages
-from imaging_ai.bench.turnaround import headline as turnaround_headline
-from imaging_ai.bench.turnaround import percentile
 from imaging_ai.infer.base import sample_batch
 from imaging_ai.infer.ort import OrtBackend, OrtOptions
 from imaging_ai.modelcard import discover_models
@@ -25,7 +25,7 @@ CARDS = {c.name: c for c in discover_models(ENGINES_DIR)}
 @pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="needs torch ('train')")
 @pytest.mark.parametrize("model", sorted(CARDS))
 def test_torch_eager_runs_the_same_network(model: str) -> None:
-    from imaging_ai.bench.torch_onnx import TorchEager
+    from imaging_ai_devkit.bench.torch_onnx import TorchEager
 
     card = CARDS[model]
     batch = sample_batch(card, 2, seed=3)
@@ -76,7 +76,7 @@ def test_turnaround_headline_names_the_slowest_stage() -> None:
 
 def test_plots_are_written(tmp_path: Path) -> None:
     pytest.importorskip("matplotlib")
-    from imaging_ai.bench.plots import throughput_vs_batch, turnaround_stages
+    from imaging_ai_devkit.bench.plots import throughput_vs_batch, turnaround_stages
 
     cells = [Cell("m", "e", b, 10.0 * b, 1.0, 1.0) for b in (1, 8, 32)]
     throughput_vs_batch(cells, tmp_path / "tp.png", "2 CPU threads")

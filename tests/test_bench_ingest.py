@@ -7,11 +7,10 @@ import shutil
 from pathlib import Path
 
 import pytest
-
-from imaging_ai.bench import ingest
-from imaging_ai.bench.harness import describe_filesystem
-from imaging_ai.bench.orthanc import OrthancPacs
-from imaging_ai.phantom import PhantomSpec, generate, write_study
+from imaging_ai_devkit.bench import ingest
+from imaging_ai_devkit.bench.harness import describe_filesystem
+from imaging_ai_devkit.bench.orthanc import OrthancPacs
+from imaging_ai_devkit.phantom import PhantomSpec, generate, write_study
 
 
 def fake_servers(

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from imaging_ai_devkit.bench.stages import label, read_stages
 from sqlalchemy.orm import Session
 
-from imaging_ai.bench.stages import label, read_stages
 from imaging_ai.db.models import Delivery, Instance, Job, Series, Study
 from imaging_ai.db.session import make_engine, upgrade
 from imaging_ai.infer.base import BackendInfo, FloatArray

@@ -1,4 +1,4 @@
-"""imaging_ai.bench.sustained: the stream's sender stops at the budget and says what it sent."""
+"""bench.sustained (devkit): the stream's sender stops at the budget and says what it sent."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from imaging_ai.bench.sustained import (
+from imaging_ai_devkit.bench.sustained import (
     Outcome,
     Sender,
     Sending,

@@ -10,11 +10,11 @@ from pathlib import Path
 import hl7
 import pydicom
 import pytest
+from imaging_ai_devkit.bench.harness import DaemonProcess
+from imaging_ai_devkit.mllp_listener import RisListener
+from imaging_ai_devkit.phantom import PhantomSpec, generate, write_study
 from pydicom.dataelem import DataElement
 
-from imaging_ai.bench.harness import DaemonProcess
-from imaging_ai.outputs.mllp_listener import RisListener
-from imaging_ai.phantom import PhantomSpec, generate, write_study
 from tests.conftest import wait_until
 
 BAD = {"PatientBirthDate": ("DA", "19AB0304"), "StudyTime": ("TM", "25xx")}

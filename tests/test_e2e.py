@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pydicom
 import pytest
+from imaging_ai_devkit.bench.harness import CALLED_AE, DaemonProcess
 
-from imaging_ai.bench.harness import CALLED_AE, DaemonProcess
 from tests.conftest import wait_until
 
 SLICES = 120

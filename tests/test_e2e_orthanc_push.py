@@ -17,8 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
-from imaging_ai.bench.orthanc import OrthancPacs
+from imaging_ai_devkit.bench.orthanc import OrthancPacs
 
 pytestmark = pytest.mark.skipif(not OrthancPacs.available(), reason="needs Debian orthanc")
 

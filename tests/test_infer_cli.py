@@ -10,8 +10,7 @@ from pathlib import Path
 import numpy as np
 import pydicom
 import SimpleITK as sitk
-
-from imaging_ai.phantom import PhantomSpec, generate, write_study
+from imaging_ai_devkit.phantom import PhantomSpec, generate, write_study
 
 
 def test_infer_writes_labels_in_source_geometry_and_findings(tmp_path: Path) -> None:

@@ -3,7 +3,7 @@
 The phantoms are written as DICOM and read back with the daemon's loader; their truth masks
 stand in for a perfect segmentation and go through the daemon's lesion grouping and measurement
 (without the segmentation from HU, which the thick-slice tests below hold to the known sizes).
-The known sizes are those of each nodule's continuous body (:mod:`imaging_ai.phantom.sizes`),
+The known sizes are those of each nodule's continuous body (:mod:`imaging_ai_devkit.phantom.sizes`),
 not its nominal diameter: lobulation makes a nodule's long axis 2 to 13 % longer than that.
 
 Slices are 1.25 mm, so each image is one plane of the phantom and its mask holds the voxels
@@ -26,10 +26,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
-from imaging_ai.phantom import PhantomSpec, PhantomVolume, generate, write_study
-from imaging_ai.phantom.nodules import PART_SOLID, Nodule
-from imaging_ai.phantom.sizes import (
+from imaging_ai_devkit.phantom import PhantomSpec, PhantomVolume, generate, write_study
+from imaging_ai_devkit.phantom.nodules import PART_SOLID, Nodule
+from imaging_ai_devkit.phantom.sizes import (
     NoduleSize,
     axial_axes,
     cuts_core,
@@ -37,6 +36,7 @@ from imaging_ai.phantom.sizes import (
     perpendicular_chord,
     section,
 )
+
 from imaging_ai.postprocess import Lesion, detect_lesions, measure, slice_axes
 from imaging_ai.volume import Volume, load_series
 from tests.outputs.conftest import DETECTION_CARD

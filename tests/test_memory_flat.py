@@ -17,10 +17,9 @@ from pathlib import Path
 
 import pydicom
 import pytest
+from imaging_ai_devkit.bench.harness import DaemonProcess
+from imaging_ai_devkit.phantom import PhantomSpec, generate, write_study
 from pydicom.uid import generate_uid
-
-from imaging_ai.bench.harness import DaemonProcess
-from imaging_ai.phantom import PhantomSpec, generate, write_study
 
 SLICES = 6
 MARGIN_MB = 40.0  # allocator noise between rounds; one study's arrays alone are about 50 MiB

@@ -7,7 +7,8 @@ import shutil
 import signal
 from pathlib import Path
 
-from imaging_ai.bench.harness import ENGINES_DIR, DaemonProcess
+from imaging_ai_devkit.bench.harness import ENGINES_DIR, DaemonProcess
+
 from tests.conftest import wait_until
 
 

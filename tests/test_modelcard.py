@@ -11,12 +11,12 @@ import pytest
 from onnx import TensorProto, helper
 
 from imaging_ai.errors import ModelError
-from imaging_ai.infer.fake import write_conv_softmax_onnx
 from imaging_ai.modelcard import (
     discover_models,
     load_model_card,
     validate_against_onnx,
 )
+from tests.fakes.onnx_models import write_conv_softmax_onnx
 
 # A realistic card, as a shipped reference model would carry it.
 EXAMPLE_CARD = """\

@@ -12,10 +12,10 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
+from imaging_ai_devkit.bench.harness import free_port
 from sqlalchemy import Engine, select
 from sqlalchemy.orm import Session
 
-from imaging_ai.bench.harness import free_port
 from imaging_ai.config import (
     Config,
     OutputsConfig,

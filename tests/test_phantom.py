@@ -1,4 +1,4 @@
-"""Tests for the synthetic chest CT phantom (imaging_ai.phantom): DICOM, geometry, truth, HU."""
+"""The synthetic chest CT phantom (imaging_ai_devkit.phantom): DICOM, geometry, truth, HU."""
 
 from __future__ import annotations
 
@@ -10,10 +10,9 @@ from pathlib import Path
 import numpy as np
 import pydicom
 import pytest
+from imaging_ai_devkit.phantom import PhantomSpec, PhantomVolume, generate, write_study
+from imaging_ai_devkit.phantom.cli import main as phantom_main
 from pydicom.dataset import FileDataset
-
-from imaging_ai.phantom import PhantomSpec, PhantomVolume, generate, write_study
-from imaging_ai.phantom.cli import main as phantom_main
 
 CT_IMAGE_STORAGE = "1.2.840.10008.5.1.4.1.1.2"
 SPEC = PhantomSpec(slices=32, seed=3, nodules=3, slice_thickness_mm=2.5)

@@ -6,8 +6,8 @@ import logging
 from pathlib import Path
 
 import pytest
+from imaging_ai_devkit.bench.harness import DaemonProcess
 
-from imaging_ai.bench.harness import DaemonProcess
 from tests import phi_scan
 
 log = logging.getLogger("imaging_ai.test")

@@ -14,11 +14,11 @@ import highdicom as hd
 import pydicom
 import pytest
 from fhir.resources.R4B.bundle import Bundle
+from imaging_ai_devkit.bench.harness import DaemonProcess, free_port
+from imaging_ai_devkit.bench.orthanc import ORTHANC_AE, OrthancPacs
+from imaging_ai_devkit.mllp_listener import RisListener
+from imaging_ai_devkit.phantom import PhantomSpec, generate, write_study
 
-from imaging_ai.bench.harness import DaemonProcess, free_port
-from imaging_ai.bench.orthanc import ORTHANC_AE, OrthancPacs
-from imaging_ai.outputs.mllp_listener import RisListener
-from imaging_ai.phantom import PhantomSpec, generate, write_study
 from tests.conftest import wait_until
 
 pytestmark = pytest.mark.skipif(not OrthancPacs.available(), reason="needs Debian orthanc")

@@ -9,9 +9,9 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from imaging_ai_devkit.bench.harness import free_port
 
 from imaging_ai import pipeline
-from imaging_ai.bench.harness import free_port
 from imaging_ai.config import load_config
 from imaging_ai.db.session import utcnow
 

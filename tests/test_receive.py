@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pydicom
 import pytest
+from imaging_ai_devkit.bench.harness import free_port
 from pydicom.uid import JPEG2000Lossless
 from pynetdicom import AE
 from pynetdicom.sop_class import (  # type: ignore
@@ -20,7 +21,6 @@ from pynetdicom.sop_class import (  # type: ignore
 from sqlalchemy import Engine, select
 from sqlalchemy.orm import Session
 
-from imaging_ai.bench.harness import free_port
 from imaging_ai.catalog import Catalog
 from imaging_ai.config import AllowedCaller, DicomConfig
 from imaging_ai.db.models import Instance, Study

@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pydicom
 import pytest
+from imaging_ai_devkit.bench.harness import CALLED_AE, DaemonProcess
 from pynetdicom import AE
 from pynetdicom.sop_class import CTImageStorage  # type: ignore[attr-defined]
 from sqlalchemy import create_engine, select
 from sqlalchemy.orm import Session
 
-from imaging_ai.bench.harness import CALLED_AE, DaemonProcess
 from imaging_ai.db.models import Instance
 from tests.conftest import wait_until
 from tests.dicom_factory import ct_series

@@ -10,10 +10,10 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from imaging_ai_devkit.bench.harness import free_port
 from sqlalchemy import Engine, select
 from sqlalchemy.orm import Session
 
-from imaging_ai.bench.harness import free_port
 from imaging_ai.catalog import Catalog
 from imaging_ai.config import AllowedCaller, DicomConfig
 from imaging_ai.db.models import Instance
@@ -251,7 +251,7 @@ def test_https_for_the_web_server(tmp_path: Path, pki: dict[str, tuple[Path, Pat
     import urllib.error
     import urllib.request
 
-    from imaging_ai.bench.harness import DaemonProcess
+    from imaging_ai_devkit.bench.harness import DaemonProcess
 
     key, crt = pki["server"]
     daemon = DaemonProcess(

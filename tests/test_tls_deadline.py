@@ -10,8 +10,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from imaging_ai_devkit.bench.harness import free_port
 
-from imaging_ai.bench.harness import free_port
 from imaging_ai.catalog import Catalog
 from imaging_ai.config import AllowedCaller, DicomConfig
 from imaging_ai.db.session import make_engine, upgrade

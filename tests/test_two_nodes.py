@@ -6,12 +6,12 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+from imaging_ai_devkit.bench.harness import DaemonProcess
+from imaging_ai_devkit.phantom import PhantomSpec, generate, write_study
 from sqlalchemy import create_engine, func, select
 from sqlalchemy.orm import Session
 
-from imaging_ai.bench.harness import DaemonProcess
 from imaging_ai.db.models import Job, Report, Study
-from imaging_ai.phantom import PhantomSpec, generate, write_study
 from tests.conftest import PostgresCluster, wait_until
 
 STUDIES = 4

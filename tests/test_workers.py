@@ -15,6 +15,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from imaging_ai_devkit.fake_engines import (
+    FailingGpu,
+    FixedLatencyBackend,
+    FixedLatencyEngine,
+    fake_backend,
+)
 
 from imaging_ai import workers
 from imaging_ai.arena import SliceArena, SlotBatch
@@ -22,10 +28,9 @@ from imaging_ai.batch import Batcher, BatchingConfig, BatchingEngine
 from imaging_ai.errors import EngineError, StartupError
 from imaging_ai.infer.base import BackendInfo, Engine, FloatArray
 from imaging_ai.infer.cuda_mem import CudaRuntime
-from imaging_ai.infer.cudart_fake import FakeCudart
-from imaging_ai.infer.fake import FailingGpu, FixedLatencyBackend, FixedLatencyEngine
 from imaging_ai.modelcard import ModelCard
-from imaging_ai.workers import PoolConfig, WorkerPool, WorkerSpec, fake_backend, least_loaded
+from imaging_ai.workers import PoolConfig, WorkerPool, WorkerSpec, least_loaded
+from tests.fakes.cudart_fake import FakeCudart
 from tests.infer.tiny_model import TinyModel, make_tiny
 
 TRIGGER = 777.0  # a batch holding a slice of this value sets off a FaultyEngine

@@ -20,7 +20,7 @@ neighbours as channels).
 
 Speed (slices/s, median of three windows, host to host as a worker runs it; in brackets the same
 with the data already on the GPU):
-- PyTorch eager FP32: the ONNX graph node by node (`imaging_ai.bench.torch_onnx.TorchEager`,
+- PyTorch eager FP32: the ONNX graph node by node (`imaging_ai_devkit.bench.torch_onnx.TorchEager`,
   the engines benchmark's peer), cuDNN autotuning on, TF32 as PyTorch defaults on this GPU;
 - ONNX Runtime CUDA with IO binding from page-locked host memory (`infer_into`, as a worker
   runs it): FP32, FP16, and FP16+NHWC, the daemon's engine (`make_backend`).
@@ -54,7 +54,7 @@ from typing import Any
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
+sys.path[:0] = [str(ROOT), str(ROOT / "devkit")]
 sys.path.insert(0, str(ROOT / "benchmarks" / "device"))
 
 from engine_variants import Host, card_at, onnx_at_size, rate  # noqa: E402
@@ -92,8 +92,9 @@ def make_slices(dest: Path) -> None:
     float32, as the daemon's preprocessing gives them (float16 would put the inputs on FP16's
     grid and hide the rounding of the input); slices feet to head, as a series is loaded.
     """
+    from imaging_ai_devkit.phantom import PhantomSpec, generate
+
     from imaging_ai.analyse import spec_from_card
-    from imaging_ai.phantom import PhantomSpec, generate
     from imaging_ai.preprocess import add_context, context_stride, prepare_array
 
     lung = load_model_card(ROOT / "engines" / "lung-seg")
@@ -187,7 +188,7 @@ def limit_rows(model: Model, refs: dict[str, Any]) -> list[Row]:
 
 def torch_peer(path: Path, device: str) -> Any:
     """`TorchEager` with its constants made once on `device`, callable on device tensors."""
-    from imaging_ai.bench.torch_onnx import TorchEager
+    from imaging_ai_devkit.bench.torch_onnx import TorchEager
 
     class OnDevice(TorchEager):
         def __init__(self) -> None:

@@ -30,7 +30,9 @@ fi
 mkdir -p /tmp/site2
 python3 -c "import tarfile; tarfile.open('/tmp/site2.tar.xz').extractall('/tmp/site2', filter='data')" \
     || { echo "site2: cannot unpack /tmp/site2.tar.xz"; return 1 2>/dev/null || exit 1; }
-export PYTHONPATH=/tmp/site:/tmp/site2:$PWD PYTHONUNBUFFERED=1
+# $PWD/devkit: the development kit (phantoms, benchmarks, the fixed-latency engine), importable
+# without installing; the daemon reads its extension points from devkit/pyproject.toml.
+export PYTHONPATH=/tmp/site:/tmp/site2:$PWD:$PWD/devkit PYTHONUNBUFFERED=1
 python3 -c "import pydicom, pynetdicom, SimpleITK, highdicom, sqlalchemy, uvicorn, numpy
 print('site2: pydicom', pydicom.__version__, 'pynetdicom', pynetdicom.__version__,
       'SimpleITK', SimpleITK.Version.VersionString(), 'SQLAlchemy', sqlalchemy.__version__,

@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
 """`imaging-ai bench sustained` on the GPU machine, where neither Orthanc nor DCMTK exists.
 
-The same benchmark (`imaging_ai.bench.sustained`: capacity from a backlog sent at once, then a
-Poisson mixed-priority stream at ``--load`` of it, deadline misses per class, studies/hour and
-slices/s) with pynetdicom in place of DCMTK and Orthanc: a pool of sender processes makes the
+The same benchmark (`imaging_ai_devkit.bench.sustained`: capacity from a backlog sent at once,
+then a Poisson mixed-priority stream at ``--load`` of it, deadline misses per class, studies/hour
+and slices/s) with pynetdicom in place of DCMTK and Orthanc: a pool of sender processes makes the
 re-UID'd copies of the three phantoms and sends each study on its own association, as
 storescu would (processes, not threads: one Python sender is ~1-3 s for 300 slices, about what
 the daemon needs for a study on an H200); the storage SCP of `turnaround.py` keeps the
@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks" / "device")]
+sys.path[:0] = [str(ROOT), str(ROOT / "devkit"), str(ROOT / "benchmarks" / "device")]
 # The daemon and the phantom generator run as `python -m imaging_ai` subprocesses.
 os.environ["PYTHONPATH"] = os.pathsep.join(
     p for p in (os.environ.get("PYTHONPATH", ""), str(ROOT)) if p
@@ -49,7 +49,7 @@ DRY_RUN = (3, 4, 16, 2)
 
 
 def parser() -> argparse.ArgumentParser:
-    """`imaging_ai.bench.sustained`'s options (sizes default to the device's) and the sender's."""
+    """`bench.sustained`'s options (sizes default to the device's) and the sender's."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     p.add_argument("--cpu", action="store_true", help="dry run here: ONNX Runtime CPU, tiny sizes")
     p.add_argument("--capacity-studies", type=int, help=f"backlog for capacity ({DEVICE[0]})")
@@ -117,12 +117,11 @@ def warm(_: int) -> None:
 
 
 def pynetdicom_sender(pool: ProcessPoolExecutor, processes: int) -> Any:
-    """`imaging_ai.bench.sustained.Sender` over the pool, with turnaround.py's PACS."""
+    """`imaging_ai_devkit.bench.sustained.Sender` over the pool, with turnaround.py's PACS."""
+    from imaging_ai_devkit.bench.harness import CALLED_AE
+    from imaging_ai_devkit.bench.stack import Hospital
+    from imaging_ai_devkit.bench.sustained import Copied, CopyJob, Sender, copy_study
     from turnaround import PynetdicomPacs
-
-    from imaging_ai.bench.harness import CALLED_AE
-    from imaging_ai.bench.stack import Hospital
-    from imaging_ai.bench.sustained import Copied, CopyJob, Sender, copy_study
 
     def copy_all(jobs: Sequence[CopyJob]) -> list[Copied]:
         return list(pool.map(copy_study, jobs, chunksize=4))
@@ -146,7 +145,7 @@ def main() -> int:
         print(f"cannot run: missing {', '.join(gone)}; PYTHONPATH={os.environ['PYTHONPATH']}")
         print("headline: sustained not measured (see the line above; sustained.sh)")
         return 2
-    from imaging_ai.bench import sustained
+    from imaging_ai_devkit.bench import sustained
 
     print(
         f"sustained on {os.environ['IMAGING_AI_ENGINES__BACKEND']}: backlog of "

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """`imaging-ai bench turnaround` on the GPU machine, where neither Orthanc nor DCMTK exists.
 
-The same benchmark (`imaging_ai.bench.turnaround`: the daemon as a subprocess, a 300-slice
+The same benchmark (`imaging_ai_devkit.bench.turnaround`: the daemon as a subprocess, a 300-slice
 study at a time, last instance received -> SEG+SR stored in PACS, by stage from the daemon's
 records, against the bare analysis), with the PACS played by pynetdicom: an SCU sends each
 study to the daemon as Orthanc's push would, and a storage SCP keeps the SEG and SR that come
@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
+sys.path[:0] = [str(ROOT), str(ROOT / "devkit")]
 # The daemon and the phantom generator run as `python -m imaging_ai` subprocesses.
 os.environ["PYTHONPATH"] = os.pathsep.join(
     p for p in (os.environ.get("PYTHONPATH", ""), str(ROOT)) if p
@@ -81,12 +81,11 @@ if __name__ == "__main__" and missing():
     print("headline: turnaround not measured (see the line above; turnaround.sh sets it up)")
     sys.exit(2)
 
+from imaging_ai_devkit.bench import turnaround  # noqa: E402
+from imaging_ai_devkit.bench.harness import free_port  # noqa: E402
+from imaging_ai_devkit.bench.orthanc import ORTHANC_AE  # noqa: E402
 from pydicom import dcmread  # noqa: E402
 from pynetdicom import AE, AllStoragePresentationContexts, StoragePresentationContexts, evt  # noqa: E402
-
-from imaging_ai.bench import turnaround  # noqa: E402
-from imaging_ai.bench.harness import free_port  # noqa: E402
-from imaging_ai.bench.orthanc import ORTHANC_AE  # noqa: E402
 
 
 class PynetdicomPacs:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, Protocol
@@ -70,6 +70,10 @@ class Backend(Protocol):
     def load(self, card: ModelCard, onnx_path: Path | None = None) -> Engine:
         """Load the card's model (or `onnx_path`) and warm it up; raises EngineError."""
         ...
+
+
+# A picklable callable (card, device) -> Engine: what a worker process loads instead of a backend.
+EngineFactory = Callable[[ModelCard, str], Engine]
 
 
 def check_batch(batch: FloatArray, card: ModelCard, max_batch_size: int) -> None:

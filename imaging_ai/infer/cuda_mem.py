@@ -2,7 +2,7 @@
 
 Every `cuda.bindings.runtime` call returns a tuple `(err, *values)`; `CudaRuntime.call` checks
 `err` on every one and raises EngineError naming the call, so a driver fault or an out-of-memory
-surfaces where it happened. The runtime module can be injected (`imaging_ai.infer.cudart_fake`
+surfaces where it happened. The runtime module can be injected (`tests.fakes.cudart_fake`
 in tests); `benchmarks/device/engine_check.py` exercises this module on a real GPU.
 """
 

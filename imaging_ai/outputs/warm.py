@@ -3,17 +3,18 @@
 The first SEG and SR a process builds take about 0.4 s longer than the next ones (pydicom's
 and highdicom's code dictionaries, value representations and templates are set up on first
 use). A hospital's first study of the day should not wait for that, so the daemon encodes the
-results of a four-slice phantom in memory while its inference workers load their engines.
-Nothing is written to disk and nothing is sent.
+results of a small fixture in memory while its inference workers load their engines: four
+64 x 64 slices of a synthetic CT and its lungs, shipped in ``warm_fixture/`` (package data,
+written once by the development kit's ``imaging_ai_devkit.warm_fixture``). Nothing is written
+to disk and nothing is sent.
 """
 
 from __future__ import annotations
 
 import logging
-import tempfile
 import time
 from datetime import UTC, datetime
-from pathlib import Path
+from importlib import resources
 
 import numpy as np
 from numpy.typing import NDArray
@@ -23,18 +24,17 @@ from imaging_ai.config import Config
 from imaging_ai.outputs.common import read_headers
 from imaging_ai.outputs.files import encode_results
 from imaging_ai.outputs.messages import MessageBuilder
-from imaging_ai.phantom import PhantomSpec, generate, write_study
 from imaging_ai.postprocess import LESION, measure, organ_volumes_ml
 from imaging_ai.volume import Volume, load_series
 
 log = logging.getLogger(__name__)
 
-_SLICES = 4
+_FIXTURE = "warm_fixture"
 _WARM_JOB = 0  # job ids start at 1: the warm-up's UIDs are never a real job's
 
 
 def warm_up_outputs(config: Config, builder: MessageBuilder | None = None) -> float:
-    """Encode a SEG, SR, ORU and FHIR bundle of a small phantom; return the seconds it took.
+    """Encode a SEG, SR, ORU and FHIR bundle of the fixture; return the seconds it took.
 
     With a ``builder`` its process makes the messages, which warms it up too.
 
@@ -42,25 +42,25 @@ def warm_up_outputs(config: Config, builder: MessageBuilder | None = None) -> fl
     caller decides whether that stops the start.
     """
     started = time.perf_counter()
-    with tempfile.TemporaryDirectory(prefix="imaging-ai-warm-") as tmp:
-        phantom = generate(PhantomSpec(slices=_SLICES, seed=7, nodules=0), workers=1)
-        root = write_study(phantom, Path(tmp), workers=1)
-        paths = sorted((root / "dicom").glob("*.dcm"))
+    with resources.as_file(resources.files("imaging_ai.outputs") / _FIXTURE) as folder:
+        paths = sorted(folder.glob("*.dcm"))
         volume = load_series(paths, workers=1)
         headers = read_headers(paths)
-    analysis = _analysis(volume, phantom.lung_labels)
+        with (folder / "lungs.npz").open("rb") as f, np.load(f, allow_pickle=False) as lungs:
+            lung_labels = lungs["labels"]
+    analysis = _analysis(volume, lung_labels)
     when = datetime.now(UTC)
     encode_results(analysis, headers, _WARM_JOB, when, "warm-up", config, builder)
     return time.perf_counter() - started
 
 
 def _analysis(volume: Volume, lung_labels: NDArray[np.uint8]) -> Analysis:
-    """Lungs from the phantom's truth and one small lesion in a lung, measured as a real one."""
+    """Lungs from the fixture's truth and one small lesion in a lung, measured as a real one."""
     # The labels only need to be plausible, not exact, to exercise the encoders.
     labels = lung_labels.astype(np.uint8)
     lung = np.argwhere(labels > 0)
     if len(lung) == 0:
-        raise RuntimeError("the warm-up phantom has no lung voxels")
+        raise RuntimeError("the warm-up fixture has no lung voxels")
     s, r, c = lung[len(lung) // 2]
     block = np.stack(
         np.meshgrid(

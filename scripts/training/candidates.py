@@ -18,10 +18,10 @@ from __future__ import annotations
 
 import numpy as np
 import numpy.typing as npt
+from imaging_ai_devkit.phantom import PhantomVolume
+from imaging_ai_devkit.phantom.structures import AIRWAY, STRUCTURE_NAMES, VESSEL
 
 from imaging_ai.candidates import extract_patch
-from imaging_ai.phantom import PhantomVolume
-from imaging_ai.phantom.structures import AIRWAY, STRUCTURE_NAMES, VESSEL
 
 PATCH_SIZE = (32, 32, 32)
 PATCH_SPACINGS_MM = (1.0, 2.5)

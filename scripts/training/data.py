@@ -1,15 +1,15 @@
 """Training data: takes phantom seeds, gives model inputs and soft targets, preprocessed as the
 daemon preprocesses.
 
-Every study is a random :class:`~imaging_ai.phantom.PhantomSpec` drawn from its seed (thickness
-1–5 mm, field of view, noise, habitus, kernel, contrast, nodule size, attenuation and type), of
-which only some slices are rendered: random ones through the whole stack (lungs, apices, upper
-abdomen, slices without lung) and ones through each nodule, so the detector sees enough positives.
-Inputs go through :func:`imaging_ai.preprocess.prepare_array` with the very spec the model card
-declares, so training sees what the daemon will feed the model. Targets are area fractions on the
-model grid (one-hot labels resized with the same area-averaging resize), so the networks learn
-partial-volume boundaries, which the daemon's linear upsampling of probabilities then places
-between model pixels.
+Every study is a random :class:`~imaging_ai_devkit.phantom.PhantomSpec` drawn from its seed
+(thickness 1–5 mm, field of view, noise, habitus, kernel, contrast, nodule size, attenuation and
+type), of which only some slices are rendered: random ones through the whole stack (lungs, apices,
+upper abdomen, slices without lung) and ones through each nodule, so the detector sees enough
+positives. Inputs go through :func:`imaging_ai.preprocess.prepare_array` with the very spec the
+model card declares, so training sees what the daemon will feed the model. Targets are area
+fractions on the model grid (one-hot labels resized with the same area-averaging resize), so the
+networks learn partial-volume boundaries, which the daemon's linear upsampling of probabilities then
+places between model pixels.
 
 Only numpy and the pydicom-free parts of ``imaging_ai`` (phantom, preprocess; progress, with
 tqdm) are imported, so this runs on the GPU machine too.
@@ -26,8 +26,8 @@ from dataclasses import dataclass, fields, replace
 
 import numpy as np
 import numpy.typing as npt
+from imaging_ai_devkit.phantom import PhantomSpec, PhantomVolume, generate
 
-from imaging_ai.phantom import PhantomSpec, PhantomVolume, generate
 from imaging_ai.preprocess import (
     PreprocessSpec,
     context_indices,
@@ -107,7 +107,7 @@ def generate_study(
     seed : int
         Phantom seed.
     slices : sequence of int, optional
-        Slice indices to render (all by default); see :func:`imaging_ai.phantom.generate`.
+        Slice indices to render (all by default); see :func:`imaging_ai_devkit.phantom.generate`.
     small_share : float
         See :func:`draw_spec`.
     """

@@ -9,13 +9,13 @@ from pathlib import Path
 import numpy as np
 import pydicom
 import pytest
+from imaging_ai_devkit.phantom import PhantomSpec, generate, write_study
 from pydicom.dataset import Dataset
 from pydicom.sequence import Sequence
 from pydicom.uid import ImplicitVRLittleEndian, RLELossless
 
 from imaging_ai import volume as volume_module
 from imaging_ai.dicom.slice_read import read_plain, series_uid
-from imaging_ai.phantom import PhantomSpec, generate, write_study
 from imaging_ai.volume import Volume, group_series, load_series
 from tests.dicom_factory import ct_series
 

@@ -9,7 +9,7 @@ import pytest
 
 from imaging_ai.errors import EngineError
 from imaging_ai.infer.cuda_mem import CudaRuntime, gpu_count
-from imaging_ai.infer.cudart_fake import CudaError, FakeCudart
+from tests.fakes.cudart_fake import CudaError, FakeCudart
 
 
 def test_round_trip_through_device_memory_on_a_stream() -> None:

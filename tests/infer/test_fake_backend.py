@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from imaging_ai_devkit.fake_engines import FixedLatencyBackend
 
-from imaging_ai.infer.fake import FixedLatencyBackend
 from tests.infer.tiny_model import TinyModel
 
 

@@ -17,13 +17,13 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
+from imaging_ai_devkit.phantom import PhantomSpec, PhantomVolume, generate
 
 from imaging_ai.analyse import spec_from_card
 from imaging_ai.infer.agreement import compare, hu_sensitivity, label_map
 from imaging_ai.infer.fp16 import fp16_model_bytes
 from imaging_ai.infer.ort import OrtBackend, OrtOptions
 from imaging_ai.modelcard import ModelCard, load_model_card
-from imaging_ai.phantom import PhantomSpec, PhantomVolume, generate
 from imaging_ai.postprocess import segment_labels
 from imaging_ai.preprocess import add_context, context_stride, prepare_array
 

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from imaging_ai.infer import cli
-from imaging_ai.infer.cudart_fake import FakeCudart
-from imaging_ai.infer.trt_fake import make_fake_tensorrt
+from tests.fakes.cudart_fake import FakeCudart
+from tests.fakes.trt_fake import make_fake_tensorrt
 from tests.infer.tiny_model import TinyModel
 
 

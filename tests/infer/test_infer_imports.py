@@ -36,9 +36,9 @@ def test_infer_modules_and_the_device_script_import_without_dicom_or_database() 
     modules = (
         "imaging_ai.infer.select",
         "imaging_ai.infer.cli",
-        "imaging_ai.infer.fake",
-        "imaging_ai.infer.trt_fake",
-        "imaging_ai.infer.cudart_fake",
+        "imaging_ai_devkit.fake_engines",
+        "tests.fakes.trt_fake",
+        "tests.fakes.cudart_fake",
     )
     assert "--onnx" in help_without_dicom_or_database(SCRIPTS / "engine_check.py", *modules)
 

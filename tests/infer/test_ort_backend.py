@@ -13,7 +13,6 @@ import pytest
 from imaging_ai.errors import EngineError
 from imaging_ai.infer.base import batch_sizes_up_to, pad_batch, padded_size
 from imaging_ai.infer.cuda_mem import CudaRuntime
-from imaging_ai.infer.cudart_fake import FakeCudart
 from imaging_ai.infer.fp16 import fp16_model_bytes
 from imaging_ai.infer.ort import (
     GPU_CUDA_GRAPHS,
@@ -25,6 +24,7 @@ from imaging_ai.infer.ort import (
     last_stages,
     provider_config,
 )
+from tests.fakes.cudart_fake import FakeCudart
 from tests.infer.tiny_model import TinyModel
 
 

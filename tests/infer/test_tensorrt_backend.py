@@ -13,7 +13,6 @@ import pytest
 
 from imaging_ai.errors import EngineError
 from imaging_ai.infer.cuda_mem import DeviceInfo
-from imaging_ai.infer.cudart_fake import CudaError, FakeCudart
 from imaging_ai.infer.tensorrt import (
     TensorRTBackend,
     TensorRTOptions,
@@ -21,8 +20,9 @@ from imaging_ai.infer.tensorrt import (
     engine_key,
 )
 from imaging_ai.infer.trt_engine import TensorRTEngine
-from imaging_ai.infer.trt_fake import make_fake_tensorrt
 from imaging_ai.modelcard import ModelCard, load_model_card
+from tests.fakes.cudart_fake import CudaError, FakeCudart
+from tests.fakes.trt_fake import make_fake_tensorrt
 from tests.infer.tiny_model import TinyModel
 
 SMALL = TensorRTOptions(precision="fp32", max_batch_size=8, opt_batch_size=4)

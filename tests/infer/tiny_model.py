@@ -8,8 +8,8 @@ from pathlib import Path
 import numpy as np
 
 from imaging_ai.infer.base import FloatArray
-from imaging_ai.infer.fake import write_conv_softmax_onnx
 from imaging_ai.modelcard import ModelCard, load_model_card
+from tests.fakes.onnx_models import write_conv_softmax_onnx
 
 TINY_CARD = """\
 name = "tiny"

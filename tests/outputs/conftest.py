@@ -11,6 +11,7 @@ from pathlib import Path
 import highdicom as hd
 import numpy as np
 import pytest
+from imaging_ai_devkit.phantom import PhantomSpec, generate, write_study
 from pydicom.dataset import Dataset
 
 from imaging_ai.analyse import Analysis
@@ -19,7 +20,6 @@ from imaging_ai.outputs.common import Algorithm, ModelId, read_headers
 from imaging_ai.outputs.seg import encode_segmentation
 from imaging_ai.outputs.sr import build_measurement_report
 from imaging_ai.outputs.uids import OutputUids, output_uids
-from imaging_ai.phantom import PhantomSpec, generate, write_study
 from imaging_ai.postprocess import LESION, detect_lesions, organ_volumes_ml
 from imaging_ai.volume import Volume, load_series
 

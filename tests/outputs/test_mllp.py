@@ -11,10 +11,11 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
+from imaging_ai_devkit.bench.harness import free_port
+from imaging_ai_devkit.mllp_listener import Answer, RisListener, ack
 from sqlalchemy import Engine, select
 from sqlalchemy.orm import Session
 
-from imaging_ai.bench.harness import free_port
 from imaging_ai.config import Config, OutputsConfig, RisDestination
 from imaging_ai.db.models import Delivery
 from imaging_ai.db.models import Study as StudyRow
@@ -24,7 +25,6 @@ from imaging_ai.outbox import Outbox, Payload
 from imaging_ai.outputs.common import build_report
 from imaging_ai.outputs.hl7 import build_oru
 from imaging_ai.outputs.mllp import Ack, control_id, parse_ack, send_oru
-from imaging_ai.outputs.mllp_listener import Answer, RisListener, ack
 from tests.outputs.conftest import ALGORITHM, CREATED, IMPRESSION, Study
 
 

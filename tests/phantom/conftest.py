@@ -6,11 +6,10 @@ from dataclasses import dataclass
 
 import numpy as np
 import pytest
-
-from imaging_ai.phantom import PhantomSpec, PhantomVolume, generate
-from imaging_ai.phantom.generate import Geometry, plan_geometry
-from imaging_ai.phantom.patient import Patient, draw_patient, drawn_spec
-from imaging_ai.phantom.scene import Scene, build_scene
+from imaging_ai_devkit.phantom import PhantomSpec, PhantomVolume, generate
+from imaging_ai_devkit.phantom.generate import Geometry, plan_geometry
+from imaging_ai_devkit.phantom.patient import Patient, draw_patient, drawn_spec
+from imaging_ai_devkit.phantom.scene import Scene, build_scene
 
 FEATURES = PhantomSpec(
     slices=64,
@@ -26,7 +25,7 @@ FEATURES = PhantomSpec(
 
 @dataclass(frozen=True)
 class Built:
-    """What :func:`imaging_ai.phantom.generate` builds before it renders."""
+    """What :func:`imaging_ai_devkit.phantom.generate` builds before it renders."""
 
     spec: PhantomSpec
     patient: Patient

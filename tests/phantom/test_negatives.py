@@ -7,11 +7,10 @@ from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
-
-from imaging_ai.phantom import PhantomVolume, generate
-from imaging_ai.phantom.canvas import Canvas, Planes
-from imaging_ai.phantom.dicom import write_truth
-from imaging_ai.phantom.structures import (
+from imaging_ai_devkit.phantom import PhantomVolume, generate
+from imaging_ai_devkit.phantom.canvas import Canvas, Planes
+from imaging_ai_devkit.phantom.dicom import write_truth
+from imaging_ai_devkit.phantom.structures import (
     AIRWAY,
     ATELECTASIS,
     BONE,
@@ -20,6 +19,7 @@ from imaging_ai.phantom.structures import (
     STRUCTURE_NAMES,
     VESSEL,
 )
+
 from tests.phantom.conftest import FEATURES, Built, vein_slices
 
 

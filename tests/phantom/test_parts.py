@@ -6,16 +6,15 @@ import argparse
 
 import numpy as np
 import pytest
-
-from imaging_ai.phantom import PhantomSpec
-from imaging_ai.phantom.canvas import Grid
-from imaging_ai.phantom.cli import add_arguments, spec_from_args
-from imaging_ai.phantom.contrast import UNENHANCED, enhancement
-from imaging_ai.phantom.diaphragm import Dome
-from imaging_ai.phantom.patient import draw_patient, drawn_spec
-from imaging_ai.phantom.scanner import Scanner
-from imaging_ai.phantom.structures import BOWEL, DIAPHRAGM, NONE, combine, structure_of
-from imaging_ai.phantom.trees import Tree, lumen
+from imaging_ai_devkit.phantom import PhantomSpec
+from imaging_ai_devkit.phantom.canvas import Grid
+from imaging_ai_devkit.phantom.cli import add_arguments, spec_from_args
+from imaging_ai_devkit.phantom.contrast import UNENHANCED, enhancement
+from imaging_ai_devkit.phantom.diaphragm import Dome
+from imaging_ai_devkit.phantom.patient import draw_patient, drawn_spec
+from imaging_ai_devkit.phantom.scanner import Scanner
+from imaging_ai_devkit.phantom.structures import BOWEL, DIAPHRAGM, NONE, combine, structure_of
+from imaging_ai_devkit.phantom.trees import Tree, lumen
 
 
 def test_unset_options_are_drawn_per_seed_and_set_ones_kept() -> None:

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pydicom
+from imaging_ai_devkit.bench.harness import ADMIN_TOKEN, CALLED_AE
 from pydicom import Dataset
 from pydicom.filebase import DicomBytesIO
 from pydicom.uid import ExplicitVRLittleEndian, generate_uid
@@ -45,7 +46,6 @@ from pynetdicom.sop_class import (  # type: ignore[attr-defined]
     Verification,
 )
 
-from imaging_ai.bench.harness import ADMIN_TOKEN, CALLED_AE
 from tests.dicom_factory import ct_dataset
 
 A_ASSOCIATE_RQ_TYPE, A_ASSOCIATE_AC_TYPE, A_ASSOCIATE_RJ_TYPE = 0x01, 0x02, 0x03

@@ -17,6 +17,9 @@ from typing import Any
 
 import hl7
 import pytest
+from imaging_ai_devkit.bench.harness import DaemonProcess, free_port
+from imaging_ai_devkit.mllp_listener import RisListener
+from imaging_ai_devkit.phantom import PhantomSpec, generate, write_study
 from pynetdicom import AE, ALL_TRANSFER_SYNTAXES, evt
 from pynetdicom.sop_class import (  # type: ignore[attr-defined]
     Comprehensive3DSRStorage,
@@ -25,11 +28,8 @@ from pynetdicom.sop_class import (  # type: ignore[attr-defined]
 from sqlalchemy import Engine, create_engine, select
 from sqlalchemy.orm import Session
 
-from imaging_ai.bench.harness import DaemonProcess, free_port
 from imaging_ai.db.models import Delivery, Job, Report, Study
 from imaging_ai.faults import ENV as FAULT_ENV
-from imaging_ai.outputs.mllp_listener import RisListener
-from imaging_ai.phantom import PhantomSpec, generate, write_study
 from tests.conftest import PostgresCluster
 
 FAST_ASSEMBLY = "[assemble]\nseries_idle_s = 0.5\nstudy_idle_s = 0.5\npoll_s = 0.2\n"

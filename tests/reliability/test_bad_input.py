@@ -16,11 +16,11 @@ from pathlib import Path
 
 import pydicom
 import pytest
+from imaging_ai_devkit.bench.harness import CALLED_AE
 from pydicom.uid import JPEG2000Lossless
 from pynetdicom import AE
 from pynetdicom.sop_class import CTImageStorage  # type: ignore[attr-defined]
 
-from imaging_ai.bench.harness import CALLED_AE
 from imaging_ai.errors import InvalidDataset, UnsupportedInput
 from imaging_ai.receive import accepted_transfer_syntaxes
 from imaging_ai.volume import load_series

@@ -29,12 +29,12 @@ import pydicom
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from imaging_ai_devkit.bench.harness import ENGINES_DIR, free_port
 from pydicom.dataelem import DataElement
 from pydicom.dataset import Dataset
 from sqlalchemy import Engine
 
 from imaging_ai.analyse import spec_from_card
-from imaging_ai.bench.harness import ENGINES_DIR, free_port
 from imaging_ai.catalog import Catalog
 from imaging_ai.config import AllowedCaller, DicomConfig
 from imaging_ai.db.session import make_engine, upgrade

@@ -17,9 +17,9 @@ import urllib.request
 from pathlib import Path
 
 import pydicom
+from imaging_ai_devkit.bench.harness import ADMIN_TOKEN
+from imaging_ai_devkit.faults import GPU_ERROR
 
-from imaging_ai.bench.harness import ADMIN_TOKEN
-from imaging_ai.faults import GPU_ERROR
 from tests.conftest import wait_until
 from tests.reliability.conftest import FAST_ASSEMBLY, FaultDaemon, Studies, outcome, study_state
 

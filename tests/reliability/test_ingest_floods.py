@@ -26,12 +26,12 @@ from pathlib import Path
 
 import pydicom
 import pytest
+from imaging_ai_devkit.bench.harness import ADMIN_TOKEN, CALLED_AE
 from pynetdicom import AE
 from pynetdicom.sop_class import CTImageStorage  # type: ignore[attr-defined]
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from imaging_ai.bench.harness import ADMIN_TOKEN, CALLED_AE
 from imaging_ai.db.models import Instance, Series, Study
 from tests.conftest import wait_until
 from tests.dicom_factory import ct_series

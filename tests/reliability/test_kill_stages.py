@@ -17,10 +17,10 @@ from pathlib import Path
 
 import pydicom
 import pytest
+from imaging_ai_devkit.bench.harness import CALLED_AE
 from pynetdicom import AE
 from pynetdicom.sop_class import CTImageStorage  # type: ignore[attr-defined]
 
-from imaging_ai.bench.harness import CALLED_AE
 from imaging_ai.faults import POINTS
 from tests.conftest import wait_until
 from tests.reliability.conftest import (

@@ -24,11 +24,11 @@ from pathlib import Path
 
 import pydicom
 import pytest
+from imaging_ai_devkit.bench.harness import CALLED_AE
 from pydicom.uid import generate_uid
 from sqlalchemy import func, select, text
 from sqlalchemy.orm import Session
 
-from imaging_ai.bench.harness import CALLED_AE
 from imaging_ai.config import PRIORITY_CLASSES
 from imaging_ai.db.models import ClassControl, Instance, Study
 from tests.conftest import wait_until

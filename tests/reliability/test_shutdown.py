@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pydicom
 import pytest
+from imaging_ai_devkit.bench.harness import CALLED_AE
 from pynetdicom import AE
 from pynetdicom.sop_class import Verification  # type: ignore[attr-defined]
 
-from imaging_ai.bench.harness import CALLED_AE
 from imaging_ai.pipeline import SHUTDOWN_S
 from tests.conftest import wait_until
 from tests.reliability.conftest import (

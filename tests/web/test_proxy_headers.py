@@ -13,9 +13,9 @@ from contextlib import contextmanager
 import httpx
 import pytest
 import uvicorn
+from imaging_ai_devkit.bench.harness import free_port
 from sqlalchemy import Engine
 
-from imaging_ai.bench.harness import free_port
 from imaging_ai.config import HttpConfig, load_config
 from imaging_ai.errors import ConfigError
 from imaging_ai.web.server import server_config

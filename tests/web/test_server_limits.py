@@ -17,12 +17,12 @@ from typing import Any
 
 import pytest
 import uvicorn
+from imaging_ai_devkit.bench.harness import free_port
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Route
 
-from imaging_ai.bench.harness import free_port
 from imaging_ai.config import HttpConfig, load_config
 from imaging_ai.errors import ConfigError
 from imaging_ai.web.server import _LoopErrors, server_config
