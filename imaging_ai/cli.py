@@ -9,25 +9,12 @@ from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
-from imaging_ai import __version__, redact
+from imaging_ai import __version__
 from imaging_ai.config import BACKENDS, Config, load_config
 from imaging_ai.errors import ImagingAIError
+from imaging_ai.logs import setup_logging
 
 log = logging.getLogger("imaging_ai")
-
-
-def setup_logging(level: str) -> None:
-    """Log to stderr; pynetdicom stays at WARNING because its debug output dumps datasets."""
-    logging.basicConfig(
-        level=level.upper(),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
-    logging.getLogger("pynetdicom").setLevel(logging.WARNING)
-    # highdicom logs each copied module with the source UIDs at INFO.
-    logging.getLogger("highdicom").setLevel(logging.WARNING)
-    # Library warnings and exception messages quote header values (names, dates): redacted.
-    redact.install()
 
 
 def _config(args: argparse.Namespace) -> Config:
