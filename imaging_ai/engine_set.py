@@ -26,7 +26,8 @@ from imaging_ai.infer.base import LoadedModel
 from imaging_ai.infer.fake import FailingGpu
 from imaging_ai.modelcard import ModelCard
 from imaging_ai.schedule import Claim
-from imaging_ai.workers import PoolConfig, WorkerPool, WorkerSpec
+from imaging_ai.worker_pool import WorkerPool
+from imaging_ai.workers import PoolConfig, WorkerSpec
 
 log = logging.getLogger(__name__)
 

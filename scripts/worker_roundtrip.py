@@ -28,7 +28,8 @@ sys.path.insert(0, str(ROOT))
 
 from imaging_ai.arena import SliceArena, SlotBatch  # noqa: E402
 from imaging_ai.infer.fake import FixedLatencyBackend  # noqa: E402
-from imaging_ai.workers import BatchTrace, PoolConfig, WorkerPool, WorkerSpec  # noqa: E402
+from imaging_ai.worker_pool import WorkerPool  # noqa: E402
+from imaging_ai.workers import BatchTrace, PoolConfig, WorkerSpec  # noqa: E402
 from tests.infer.tiny_model import make_tiny  # noqa: E402
 
 BATCH = 32
