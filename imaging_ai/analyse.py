@@ -16,7 +16,7 @@ from numpy.typing import NDArray
 from imaging_ai.candidates import classify_candidates
 from imaging_ai.config import EnginesConfig
 from imaging_ai.errors import ModelError, UnsupportedInput
-from imaging_ai.infer.base import Engine
+from imaging_ai.infer.base import LoadedModel
 from imaging_ai.infer.ort import OrtOptions
 from imaging_ai.infer.select import load_engine, make_backend
 from imaging_ai.inputcheck import input_caveats
@@ -39,14 +39,6 @@ RIGHT_LUNG_CODE = "3341006"
 LEFT_LUNG_CODE = "44029006"
 # Slices mapped back to the source grid at once: bounds memory for 512×512 probabilities.
 _SLAB = 32
-
-
-@dataclass(frozen=True)
-class LoadedModel:
-    """A model card with its engine, ready to run."""
-
-    card: ModelCard
-    engine: Engine
 
 
 @dataclass(frozen=True)

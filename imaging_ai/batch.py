@@ -78,7 +78,7 @@ class BatchingConfig:
 
 
 class Dispatch(Protocol):
-    """Where batches run: the worker pool (`imaging_ai.workers.WorkerPool`), or a test fake."""
+    """Where batches run: the worker pool (`imaging_ai.worker_pool.WorkerPool`), or a test fake."""
 
     def input_shape(self, model: str) -> tuple[int, ...]:
         """(C, H, W) of one input slice of `model`."""

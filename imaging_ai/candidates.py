@@ -14,18 +14,16 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
 
 from imaging_ai.errors import ModelError
+from imaging_ai.infer.base import LoadedModel
 from imaging_ai.modelcard import ModelCard
 from imaging_ai.postprocess import Lesion, as_probability
 from imaging_ai.volume import Volume
-
-if TYPE_CHECKING:
-    from imaging_ai.analyse import LoadedModel
 
 # How far outside the lung mask a candidate may lie and still be reported (mm): a juxtapleural
 # nodule's centre sits a few mm outside a mask that stops at the pleura.

@@ -15,24 +15,12 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TypeAlias
 
-from imaging_ai import __version__, jsonlog, plugins, redact
+from imaging_ai import __version__, plugins
 from imaging_ai.config import BACKENDS, Config, load_config
 from imaging_ai.errors import ImagingAIError
+from imaging_ai.logs import setup_logging
 
 log = logging.getLogger("imaging_ai")
-
-
-def setup_logging(level: str, fmt: str = "text") -> None:
-    """Log to stderr as text or JSON lines (``[logging] format``); pynetdicom stays at WARNING
-    because its debug output dumps datasets."""
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(jsonlog.formatter(fmt))
-    logging.basicConfig(level=level.upper(), handlers=[handler])
-    logging.getLogger("pynetdicom").setLevel(logging.WARNING)
-    # highdicom logs each copied module with the source UIDs at INFO.
-    logging.getLogger("highdicom").setLevel(logging.WARNING)
-    # Library warnings and exception messages quote header values (names, dates): redacted.
-    redact.install()
 
 
 def _config(args: argparse.Namespace) -> Config:

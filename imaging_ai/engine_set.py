@@ -17,14 +17,16 @@ from pathlib import Path
 from typing import Any
 
 from imaging_ai import faults
-from imaging_ai.analyse import LoadedModel, Models, discover_cards
+from imaging_ai.analyse import Models, discover_cards
 from imaging_ai.assemble import RANKS
 from imaging_ai.batch import Batcher, BatchingConfig, BatchingEngine
 from imaging_ai.config import EnginesConfig
 from imaging_ai.errors import ConfigError, EngineError, StartupError
+from imaging_ai.infer.base import LoadedModel
 from imaging_ai.modelcard import ModelCard
 from imaging_ai.schedule import Claim
-from imaging_ai.workers import PoolConfig, WorkerPool, WorkerSpec
+from imaging_ai.worker_pool import WorkerPool
+from imaging_ai.workers import PoolConfig, WorkerSpec
 
 log = logging.getLogger(__name__)
 

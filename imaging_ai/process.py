@@ -16,13 +16,13 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 from imaging_ai import faults
-from imaging_ai.analyse import Analysis, LoadedModel, Models, analyse_study
+from imaging_ai.analyse import Analysis, Models, analyse_study
 from imaging_ai.config import Config
 from imaging_ai.db.models import Instance, Job, Report, Series, Study
 from imaging_ai.db.session import utcnow
 from imaging_ai.engine_set import EngineSet
 from imaging_ai.errors import InvalidDataset, OutputError, UnsupportedInput
-from imaging_ai.infer.base import BackendInfo, Engine, FloatArray
+from imaging_ai.infer.base import BackendInfo, Engine, FloatArray, LoadedModel
 from imaging_ai.outbox import Outbox
 from imaging_ai.outputs.common import source_headers
 from imaging_ai.outputs.files import ResultFiles, write_results

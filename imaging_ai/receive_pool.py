@@ -25,6 +25,7 @@ from imaging_ai.catalog import Catalog
 from imaging_ai.config import Config
 from imaging_ai.db.session import make_engine
 from imaging_ai.errors import StartupError
+from imaging_ai.logs import setup_logging
 from imaging_ai.receive import Receiver, ReceiverStats, open_listener
 from imaging_ai.spool import Spool
 from imaging_ai.supervise import Backoff, ChildStatus, Supervisor, die_with_parent
@@ -391,8 +392,6 @@ def _worker_main(
     released: Event,
     places: Places,
 ) -> None:
-    from imaging_ai.cli import setup_logging
-
     setup_logging(config.logging.level, config.logging.format)
     die_with_parent()
     # The parent owns shutdown; a terminal's Ctrl-C must not kill receivers mid-write.

@@ -76,7 +76,7 @@ class ChildState(StrEnum):
 
 
 class WorkerState(StrEnum):
-    """An inference worker slot of `imaging_ai.workers.WorkerPool`, across restarts."""
+    """An inference worker slot of `imaging_ai.worker_pool.WorkerPool`, across restarts."""
 
     # Its process was started and loads and warms up its engines (``start_timeout_s``).
     STARTING = "starting"
@@ -90,7 +90,7 @@ class WorkerState(StrEnum):
 
 
 class PoolPhase(StrEnum):
-    """The life of a `imaging_ai.workers.WorkerPool`."""
+    """The life of a `imaging_ai.worker_pool.WorkerPool`."""
 
     # Made, not started.
     NEW = "new"

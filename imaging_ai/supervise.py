@@ -1,11 +1,13 @@
 """Takes a way to start child processes; gives them restarted with backoff, and their state.
 
 The one supervision helper for the daemon's child processes (STYLE.md, "one way for each
-concern"). The DICOM receivers use it; the inference workers (`imaging_ai.workers`) still carry
-their own restart code and can move onto this: `launch` gets the slot's crashes in a row (to
-restart a failing GPU worker on the CPU), `kill` ends a hung child (restarted like a crash),
-`Backoff.give_up_after` leaves a child down after repeated crashes, and `status` gives what the
-status page and the metrics show.
+concern"): the DICOM receivers (`imaging_ai.receive_pool`) and the inference workers
+(`imaging_ai.worker_pool`) both run under a `Supervisor`. `launch` gets the slot's crashes in a
+row; `kill` ends a hung child (restarted like a crash); `Backoff.give_up_after` leaves a child
+down after repeated crashes, unless `fallback` changes it first (a GPU worker comes back on the
+CPU); `healthy` restarts the count once a child did useful work; `leave_down` (from `on_exit`)
+keeps a slot down; a `Watch` lets the supervisor's thread also read the children's pipes and
+spot hangs; and `status` gives what the status page and the metrics show.
 
 Children are started from the supervisor's own thread. Linux's PR_SET_PDEATHSIG (see
 `die_with_parent`) fires when the *thread* that started a child ends, so that thread must live
@@ -20,10 +22,11 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from multiprocessing.connection import wait
 from multiprocessing.process import BaseProcess
+from typing import Any, Protocol
 
 from imaging_ai.states import ChildState
 
@@ -79,6 +82,19 @@ class _Slot:
     restarts: int = 0
     crashes_in_row: int = 0
     last_exit: str = ""
+    hold: bool = False  # `leave_down` was asked for after its last exit
+
+
+class Watch(Protocol):
+    """What the supervisor's thread watches besides its children's exits (the worker pool's)."""
+
+    def handles(self) -> Mapping[Any, Callable[[], None]]:
+        """Connections to wait on beside the children's sentinels, each with its reader."""
+        ...
+
+    def check(self) -> None:
+        """Called after every wait, at least every tick: progress checks (hung children)."""
+        ...
 
 
 class Supervisor:
@@ -95,8 +111,16 @@ class Supervisor:
     backoff : Backoff, optional
         Restart delays.
     on_exit : callable, optional
-        Called with the slot index after its child exited, before the restart is scheduled
-        (release what the parent held for that child).
+        Called with the slot index after its child exited (or could not start), before the
+        restart is scheduled (release what the parent held for that child).
+    fallback : callable, optional
+        Called with the slot index once it crashed ``backoff.give_up_after`` times in a row:
+        True if it changed what the slot starts (a GPU worker moved to the CPU), which then
+        starts again with its count reset; False leaves it down.
+    watch : Watch, optional
+        Pipes to read and checks to run in the supervisor's thread, between its waits.
+    tick_s : float
+        The longest wait for an exit (or a pipe) before the restarts and `watch` are looked at.
     """
 
     def __init__(
@@ -106,9 +130,14 @@ class Supervisor:
         launch: Launch,
         backoff: Backoff | None = None,
         on_exit: Callable[[int], None] | None = None,
+        *,
+        fallback: Callable[[int], bool] | None = None,
+        watch: Watch | None = None,
+        tick_s: float = _TICK_S,
     ) -> None:
         self.name, self.backoff = name, backoff or Backoff()
         self._launch_child, self._on_exit = launch, on_exit
+        self._fallback, self._watch, self._tick_s = fallback, watch, tick_s
         self._slots = [_Slot(i) for i in range(count)]
         self._lock = threading.Lock()
         self._launched = threading.Event()
@@ -163,6 +192,16 @@ class Supervisor:
             log.error("%s %d: %s; killing it", self.name, index, reason)
             proc.kill()
 
+    def healthy(self, index: int) -> None:
+        """The slot's child did useful work (a batch): its next crash counts as the first."""
+        with self._lock:
+            self._slots[index].crashes_in_row = 0
+
+    def leave_down(self, index: int) -> None:
+        """From `on_exit`: do not start the slot's child again (its state becomes FAILED)."""
+        with self._lock:
+            self._slots[index].hold = True
+
     def _status(self, slot: _Slot, now: float) -> ChildStatus:
         proc = slot.proc
         waiting = slot.state is ChildState.RESTARTING
@@ -190,15 +229,20 @@ class Supervisor:
         self._end_children()
 
     def _watch_once(self) -> None:
-        running = {s.proc.sentinel: s for s in self._slots if s.proc is not None}
-        wait(list(running), _TICK_S)
+        running = [s.proc.sentinel for s in self._slots if s.proc is not None]
+        readers = dict(self._watch.handles()) if self._watch is not None else {}
+        for handle in wait([*running, *readers], self._tick_s):
+            if handle in readers:
+                readers[handle]()
+        if self._watch is not None:
+            self._watch.check()
         now = time.monotonic()
         for slot in self._slots:
             if self._stopping.is_set():
                 return  # an exit now is the stop's doing; _end_children reaps it
             if slot.proc is not None and not slot.proc.is_alive():
                 self._exited(slot, now)
-            elif slot.state is ChildState.RESTARTING and now >= slot.restart_at:
+            if slot.state is ChildState.RESTARTING and now >= slot.restart_at:
                 slot.restarts += 1
                 self._launch(slot)
 
@@ -207,6 +251,7 @@ class Supervisor:
             proc = self._launch_child(slot.index, slot.crashes_in_row)
         except Exception as exc:  # out of memory or PIDs: try again after the backoff
             log.exception("cannot start %s %d", self.name, slot.index)
+            self._ended(slot)
             self._schedule(slot, f"could not start: {exc.__class__.__name__}", time.monotonic())
             return
         with self._lock:
@@ -218,26 +263,43 @@ class Supervisor:
         why = describe_exit(slot.proc.exitcode)
         if now - slot.started_at >= self.backoff.stable_s:
             slot.crashes_in_row = 0
+        self._ended(slot)
+        self._schedule(slot, why, now)
+
+    def _ended(self, slot: _Slot) -> None:
         if self._on_exit is not None:
             try:
                 self._on_exit(slot.index)
             except Exception:
                 log.exception("%s %d: cleaning up after its exit failed", self.name, slot.index)
-        self._schedule(slot, why, now)
 
     def _schedule(self, slot: _Slot, why: str, now: float) -> None:
         slot.crashes_in_row += 1
         limit = self.backoff.give_up_after
-        with self._lock:
-            slot.proc, slot.last_exit = None, why
-            if limit is not None and slot.crashes_in_row >= limit:
-                slot.state = ChildState.FAILED
+        if not slot.hold and limit is not None and slot.crashes_in_row >= limit:
+            if self._changed_by_fallback(slot):
+                slot.crashes_in_row = 0
+            else:
+                slot.hold = True
                 log.error("%s %d %s, %d times in a row; left down", self.name, slot.index, why,
                           slot.crashes_in_row)  # fmt: skip
+        with self._lock:
+            slot.proc, slot.last_exit = None, why
+            if slot.hold:
+                slot.state = ChildState.FAILED
                 return
             delay = self.backoff.delay(slot.crashes_in_row)
             slot.state, slot.restart_at = ChildState.RESTARTING, now + delay
         log.error("%s %d %s; restarting it in %.1f s", self.name, slot.index, why, delay)
+
+    def _changed_by_fallback(self, slot: _Slot) -> bool:
+        if self._fallback is None:
+            return False
+        try:
+            return self._fallback(slot.index)
+        except Exception:
+            log.exception("%s %d: its fallback failed", self.name, slot.index)
+            return False
 
     def _end_children(self) -> None:
         for slot in self._slots:

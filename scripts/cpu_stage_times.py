@@ -37,10 +37,11 @@ from typing import Any
 
 import numpy as np
 
-from imaging_ai.analyse import LoadedModel, Models, analyse_study, load_models
+from imaging_ai.analyse import Models, analyse_study, load_models
 from imaging_ai.batch import BatchingEngine
 from imaging_ai.config import Config, load_config
 from imaging_ai.engine_set import EngineSet
+from imaging_ai.infer.base import LoadedModel
 from imaging_ai.outputs.files import write_results
 from imaging_ai.process import EngineClock, split_steps
 

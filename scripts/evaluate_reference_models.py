@@ -46,7 +46,7 @@ from training.evaluation import (
 )
 from training.recipes import ENGINES, quality_table
 
-from imaging_ai.analyse import LoadedModel
+from imaging_ai.infer.base import LoadedModel
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

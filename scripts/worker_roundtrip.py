@@ -29,7 +29,8 @@ sys.path[:0] = [str(ROOT), str(ROOT / "devkit")]
 from imaging_ai_devkit.fake_engines import FixedLatencyBackend  # noqa: E402
 
 from imaging_ai.arena import SliceArena, SlotBatch  # noqa: E402
-from imaging_ai.workers import BatchTrace, PoolConfig, WorkerPool, WorkerSpec  # noqa: E402
+from imaging_ai.worker_pool import WorkerPool  # noqa: E402
+from imaging_ai.workers import BatchTrace, PoolConfig, WorkerSpec  # noqa: E402
 from tests.infer.tiny_model import make_tiny  # noqa: E402
 
 BATCH = 32

@@ -8,7 +8,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from imaging_ai.analyse import LoadedModel, lung_labels, run_model, spec_from_card
+from imaging_ai.analyse import lung_labels, run_model, spec_from_card
+from imaging_ai.infer.base import LoadedModel
 from imaging_ai.infer.ort import OrtBackend, OrtOptions
 from imaging_ai.modelcard import load_model_card, validate_against_onnx
 from imaging_ai.preprocess import prepare_slices

@@ -8,7 +8,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from imaging_ai.analyse import LoadedModel
 from imaging_ai.candidates import (
     LUNG_MARGIN_MM,
     candidate_centres,
@@ -20,6 +19,7 @@ from imaging_ai.candidates import (
     probabilities,
 )
 from imaging_ai.errors import ModelError
+from imaging_ai.infer.base import LoadedModel
 from imaging_ai.modelcard import load_model_card
 from imaging_ai.postprocess import Lesion
 from imaging_ai.volume import Volume

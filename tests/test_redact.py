@@ -16,8 +16,8 @@ from typing import Any
 import pydicom.valuerep
 import pytest
 
-from imaging_ai.cli import setup_logging
 from imaging_ai.config import Config, StorageConfig
+from imaging_ai.logs import setup_logging
 from imaging_ai.outputs.files import encode_results
 from imaging_ai.process import Processor
 from imaging_ai.redact import REDACTED, exception_text, redact_text

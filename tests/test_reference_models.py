@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 from imaging_ai_devkit.phantom import PhantomSpec, PhantomVolume, generate
 
-from imaging_ai.analyse import LoadedModel, analyse, lung_labels, spec_from_card
-from imaging_ai.infer.base import sample_batch
+from imaging_ai.analyse import analyse, lung_labels, spec_from_card
+from imaging_ai.infer.base import LoadedModel, sample_batch
 from imaging_ai.infer.ort import OrtBackend, OrtOptions
 from imaging_ai.modelcard import ModelCard, load_model_card, onnx_io_shapes, validate_against_onnx
 from imaging_ai.preprocess import prepare_slices

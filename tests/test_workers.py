@@ -22,14 +22,16 @@ from imaging_ai_devkit.fake_engines import (
     fake_backend,
 )
 
-from imaging_ai import workers
+from imaging_ai import worker_arenas, workers
 from imaging_ai.arena import SliceArena, SlotBatch
 from imaging_ai.batch import Batcher, BatchingConfig, BatchingEngine
 from imaging_ai.errors import EngineError, StartupError
 from imaging_ai.infer.base import BackendInfo, Engine, FloatArray
 from imaging_ai.infer.cuda_mem import CudaRuntime
 from imaging_ai.modelcard import ModelCard
-from imaging_ai.workers import PoolConfig, WorkerPool, WorkerSpec, least_loaded
+from imaging_ai.worker_dispatch import least_loaded
+from imaging_ai.worker_pool import WorkerPool
+from imaging_ai.workers import PoolConfig, WorkerSpec
 from tests.fakes.cudart_fake import FakeCudart
 from tests.infer.tiny_model import TinyModel, make_tiny
 
@@ -388,7 +390,8 @@ def test_stop_drains_batches_in_flight_then_leaves_no_process(
 PARENT = """
 import sys, time
 from pathlib import Path
-from imaging_ai.workers import PoolConfig, WorkerPool, WorkerSpec
+from imaging_ai.worker_pool import WorkerPool
+from imaging_ai.workers import PoolConfig, WorkerSpec
 spec = WorkerSpec((Path(sys.argv[1]),), backend="fake:latency=0")
 pool = WorkerPool(spec, PoolConfig(gpus=0, cpu_workers=2))
 pool.start()
@@ -417,10 +420,10 @@ def test_a_gpu_worker_page_locks_each_arena_once_and_unlocks_it_at_the_end(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     rt = FakeCudart()
-    monkeypatch.setattr(workers, "CudaRuntime", lambda: CudaRuntime(rt))
+    monkeypatch.setattr(worker_arenas, "CudaRuntime", lambda: CudaRuntime(rt))
     arena = SliceArena.create(4, SHAPE, (3, 16, 16))
     ARENAS.append(arena)
-    mapped = workers._Arenas(page_lock=True)
+    mapped = worker_arenas.MappedArenas(page_lock=True)
     first = mapped.get(arena.ref)
     assert mapped.get(arena.ref) is first
     assert sorted(rt.registered.values()) == sorted([first.inputs.nbytes, first.outputs.nbytes])
@@ -434,10 +437,10 @@ def test_a_worker_without_cuda_python_copies_from_unlocked_slots(
     def missing() -> CudaRuntime:
         raise EngineError("cuda-python is not installed")
 
-    monkeypatch.setattr(workers, "CudaRuntime", missing)
+    monkeypatch.setattr(worker_arenas, "CudaRuntime", missing)
     arena = SliceArena.create(4, SHAPE, (3, 16, 16))
     ARENAS.append(arena)
-    mapped = workers._Arenas(page_lock=True)
+    mapped = worker_arenas.MappedArenas(page_lock=True)
     assert mapped.get(arena.ref).capacity == 4
     mapped.close()
 
@@ -496,12 +499,12 @@ def test_staged_copies_gather_a_batch_into_page_locked_buffers_and_scatter_it_ba
     monkeypatch: pytest.MonkeyPatch, reference: FixedLatencyEngine
 ) -> None:
     rt = FakeCudart()
-    monkeypatch.setattr(workers, "CudaRuntime", lambda: CudaRuntime(rt))
+    monkeypatch.setattr(worker_arenas, "CudaRuntime", lambda: CudaRuntime(rt))
     arena = SliceArena.create(8, SHAPE, (3, 16, 16))
     ARENAS.append(arena)
     arena.inputs[...] = np.random.default_rng(0).random((8, *SHAPE), dtype=np.float32)
     slots = (5, 6, 0, 1, 2)
-    staging = workers._Staging()
+    staging = worker_arenas.Staging()
     staging.run("tiny", reference, arena.ref, arena.pieces(slots))
     expected = reference.infer(arena.inputs[list(slots)])
     np.testing.assert_array_equal(arena.outputs[list(slots)], expected)

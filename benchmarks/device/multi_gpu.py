@@ -42,7 +42,8 @@ sys.path.insert(0, str(ROOT))
 
 from imaging_ai.batch import Batcher, BatchingConfig, BatchingEngine  # noqa: E402
 from imaging_ai.modelcard import ModelCard, load_model_card  # noqa: E402
-from imaging_ai.workers import PoolConfig, WorkerPool, WorkerSpec  # noqa: E402
+from imaging_ai.worker_pool import WorkerPool  # noqa: E402
+from imaging_ai.workers import PoolConfig, WorkerSpec  # noqa: E402
 
 INPUT_SETS = 4  # distinct inputs, so the parent's copies do not run from the CPU cache
 SMI_FIELDS = "index,utilization.gpu,clocks.sm,power.draw"

@@ -56,7 +56,8 @@ from imaging_ai.batch import Batcher, BatchingConfig  # noqa: E402
 from imaging_ai.infer.base import infer_into  # noqa: E402
 from imaging_ai.infer.ort import last_stages  # noqa: E402
 from imaging_ai.modelcard import ModelCard, load_model_card  # noqa: E402
-from imaging_ai.workers import BatchTrace, PoolConfig, WorkerPool, WorkerSpec  # noqa: E402
+from imaging_ai.worker_pool import WorkerPool  # noqa: E402
+from imaging_ai.workers import BatchTrace, PoolConfig, WorkerSpec  # noqa: E402
 
 NAMES = ("lung-seg", "nodule-det")
 INPUT_SETS = 4  # distinct studies' inputs, so the daemon's copies do not run from the CPU cache
@@ -321,14 +322,14 @@ def in_process(args: argparse.Namespace, cards: list[ModelCard], seconds: float)
     Batches back to back, then with a 5 ms pause before each (asleep, then spinning): if a
     pause alone slows the next batch, the GPU or the host's power states do, not the worker.
     """
-    from imaging_ai import workers
+    from imaging_ai import worker_arenas, workers
 
     spec = WorkerSpec(
         tuple(c.folder for c in cards), backend=args.backend, max_batch_size=args.batch
     )
     device = "cpu" if args.backend == "onnxruntime-cpu" else "cuda:0"
     engines, _ = workers._load_engines(spec, device)
-    mapped = workers._Arenas(page_lock=device != "cpu")
+    mapped = worker_arenas.MappedArenas(page_lock=device != "cpu")
     arenas = {}
     rows: list[Row] = []
     try:

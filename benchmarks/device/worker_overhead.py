@@ -38,7 +38,8 @@ from imaging_ai.infer.base import infer_into  # noqa: E402
 from imaging_ai.infer.ort import OrtOptions  # noqa: E402
 from imaging_ai.infer.select import load_engine, make_backend  # noqa: E402
 from imaging_ai.modelcard import load_model_card  # noqa: E402
-from imaging_ai.workers import PoolConfig, WorkerPool, WorkerSpec  # noqa: E402
+from imaging_ai.worker_pool import WorkerPool  # noqa: E402
+from imaging_ai.workers import PoolConfig, WorkerSpec  # noqa: E402
 
 BATCH = 64
 NAMES = ("lung-seg", "nodule-det")

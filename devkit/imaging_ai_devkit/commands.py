@@ -10,7 +10,7 @@ import argparse
 from collections.abc import Callable
 from typing import TypeAlias
 
-from imaging_ai.cli import setup_logging
+from imaging_ai.logs import setup_logging
 
 Subparsers: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
 

@@ -76,6 +76,14 @@ class Backend(Protocol):
 EngineFactory = Callable[[ModelCard, str], Engine]
 
 
+@dataclass(frozen=True)
+class LoadedModel:
+    """A model card with its engine, ready to run."""
+
+    card: ModelCard
+    engine: Engine
+
+
 def check_batch(batch: FloatArray, card: ModelCard, max_batch_size: int) -> None:
     """Refuse a batch that does not fit the card, before any engine sees it.
 

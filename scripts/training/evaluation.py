@@ -28,7 +28,8 @@ import numpy as np
 import numpy.typing as npt
 from imaging_ai_devkit.phantom import PhantomSpec, PhantomVolume, generate
 
-from imaging_ai.analyse import LoadedModel, analyse, detection_probabilities, lung_labels
+from imaging_ai.analyse import analyse, detection_probabilities, lung_labels
+from imaging_ai.infer.base import LoadedModel
 from imaging_ai.infer.ort import OrtBackend, OrtOptions
 from imaging_ai.modelcard import ModelCard, load_model_card, validate_against_onnx
 from imaging_ai.postprocess import LEFT_LUNG, RIGHT_LUNG, connected_components

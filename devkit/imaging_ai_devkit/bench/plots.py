@@ -8,11 +8,23 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
-    from imaging_ai_devkit.bench.engines import Cell
     from imaging_ai_devkit.bench.stages import StudyStages
+
+
+class Cell(Protocol):
+    """One measurement as plotted (`bench.engines.Cell`, which imports this module)."""
+
+    @property
+    def model(self) -> str: ...
+    @property
+    def engine(self) -> str: ...
+    @property
+    def batch(self) -> int: ...
+    @property
+    def slices_per_s(self) -> float: ...
 
 
 def _pyplot() -> Any:
