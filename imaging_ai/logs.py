@@ -11,10 +11,21 @@ import sys
 
 from imaging_ai import jsonlog, redact
 
+# What this process was set up with: handed to the processes it spawns (inference workers),
+# which start with no logging configured at all.
+_settings: tuple[str, str] | None = None
+
+
+def settings() -> tuple[str, str] | None:
+    """The (level, format) this process logs with, or None where `setup_logging` never ran."""
+    return _settings
+
 
 def setup_logging(level: str, fmt: str = "text") -> None:
     """Log to stderr as text or JSON lines (``[logging] format``); pynetdicom stays at WARNING
     because its debug output dumps datasets."""
+    global _settings
+    _settings = (level, fmt)
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(jsonlog.formatter(fmt))
     logging.basicConfig(level=level.upper(), handlers=[handler])

@@ -23,6 +23,7 @@ from multiprocessing.context import SpawnContext
 from multiprocessing.process import BaseProcess
 from typing import Any
 
+from imaging_ai import logs
 from imaging_ai.arena import ArenaRef
 from imaging_ai.errors import EngineError
 from imaging_ai.states import WorkerState
@@ -131,7 +132,7 @@ class WorkerWatch:
         parent, child = self._ctx.Pipe()
         proc = self._ctx.Process(
             target=worker_main,
-            args=(self.spec, w.gpu, w.device, child, os.getpid()),
+            args=(self.spec, w.gpu, w.device, child, os.getpid(), logs.settings()),
             name=f"imaging-ai-infer-{w.index}",
             daemon=True,
         )

@@ -32,6 +32,7 @@ from imaging_ai import plugins
 from imaging_ai.errors import EngineError
 from imaging_ai.infer.base import Backend, Engine, EngineFactory, infer_into, sample_batch
 from imaging_ai.infer.ort import last_stages
+from imaging_ai.logs import setup_logging
 from imaging_ai.modelcard import ModelCard, load_model_card
 from imaging_ai.states import WorkerState
 from imaging_ai.supervise import die_with_parent
@@ -206,8 +207,21 @@ def _load_engines(spec: WorkerSpec, device: str) -> tuple[dict[str, Engine], dic
 
 
 def worker_main(
-    spec: WorkerSpec, gpu: int | None, device: str, conn: Connection, parent_pid: int
+    spec: WorkerSpec,
+    gpu: int | None,
+    device: str,
+    conn: Connection,
+    parent_pid: int,
+    log_settings: tuple[str, str] | None = None,
 ) -> None:
+    """One inference worker process: load the models, report Ready, serve batches.
+
+    ``log_settings`` is the daemon's (level, format) (`imaging_ai.logs.settings`): a spawned
+    process starts with no logging set up, so without it a worker's warnings would reach
+    stderr as bare, unredacted text whatever ``[logging] format`` says.
+    """
+    if log_settings is not None:
+        setup_logging(*log_settings)
     die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent owns shutdown
     _pin_device(gpu)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import logging
 import os
 import subprocess
 import sys
@@ -53,7 +55,8 @@ class Faulty:
 
     Modes: "gate" (multi-slice batches wait until `marker` exists), "crash-once" (the first
     batch holding TRIGGER kills the process, consuming `marker`), "crash-always", "hang-once",
-    "crash-on-gpu" (TRIGGER kills a GPU worker, a CPU one runs it), "fail-load".
+    "crash-on-gpu" (TRIGGER kills a GPU worker, a CPU one runs it), "fail-load", "warn-load"
+    (logs a warning as it loads).
     """
 
     mode: str
@@ -64,6 +67,8 @@ class Faulty:
             self.marker.parent.joinpath(f"loaded-{os.getpid()}-{time.monotonic_ns()}").touch()
         if self.mode == "fail-load":
             raise EngineError("cannot load the model (test)")
+        if self.mode == "warn-load":
+            logging.getLogger("imaging_ai.workers").warning("loaded %s with a warning", card.name)
         return FaultyEngine(FixedLatencyBackend(0.0).load(card), self, device)
 
 
@@ -414,6 +419,37 @@ def test_workers_die_with_a_killed_daemon(tiny: TinyModel) -> None:
     parent.kill()  # SIGKILL: no atexit, no stop(); only PR_SET_PDEATHSIG or the poll can help
     parent.wait()
     wait_until(lambda: all(gone(pid) for pid in pids), timeout_s=10.0)
+
+
+JSON_PARENT = """
+import sys
+from pathlib import Path
+from imaging_ai.logs import setup_logging
+from imaging_ai.worker_pool import WorkerPool
+from imaging_ai.workers import PoolConfig, WorkerSpec
+from tests.test_workers import Faulty
+setup_logging("INFO", "json")
+folder = Path(sys.argv[1])
+pool = WorkerPool(WorkerSpec((folder,), factory=Faulty("warn-load", folder)), PoolConfig(gpus=0))
+pool.start()
+pool.stop()
+"""
+
+
+def test_a_worker_logs_as_the_daemon_does(tiny: TinyModel) -> None:
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])}
+    done = subprocess.run(
+        [sys.executable, "-c", JSON_PARENT, str(tiny.card.folder)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+        check=True,
+    )
+    records = [json.loads(line) for line in done.stderr.splitlines()]
+    from_worker = [r for r in records if r["process"] == "imaging-ai-infer-0"]
+    assert [r["message"] for r in from_worker] == ["loaded tiny with a warning"]
+    assert from_worker[0]["level"] == "WARNING"
 
 
 def test_a_gpu_worker_page_locks_each_arena_once_and_unlocks_it_at_the_end(
