@@ -163,8 +163,8 @@ class Spool:
 
         Creating a file can take up to a millisecond: on ext4 without a journal, the inode
         allocator steps over every inode freed in the last minute or more
-        (docs/benchmarks.md). A thread creates them between instances, so no peer waits
-        for it for its C-STORE answer.
+        (CHANGELOG.md, 2026-12-01, "Ingest, seventh session"). A thread creates them between
+        instances, so no peer waits for it for its C-STORE answer.
         """
         with self._spare_cond:
             self._spare_target = count

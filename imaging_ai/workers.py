@@ -258,7 +258,8 @@ def _serve(conn: Connection, sets: list[dict[str, Engine]], parent_pid: int, sta
 
     No thread hands a task to another: a queued task starts the moment a set of engines is free,
     and an idle worker's batch wakes one thread, not two (a GPU worker once left 2.2 ms between
-    batches with the next one waiting: docs/benchmarks.md, "Where a worker's batch time goes").
+    batches with the next one waiting: CHANGELOG.md, 2026-11-30, "Where a worker's batch time
+    goes").
     """
     on_gpu = any(e.info.device.startswith("cuda") for e in sets[0].values())
     arenas = MappedArenas(page_lock=on_gpu and not staged)

@@ -17,9 +17,10 @@ files: a few milliseconds).
 ``--fake-per-slice S`` runs the models as the daemon does, through its batchers and one "GPU"
 worker process (two batches at once, the shared-memory arenas), with the test-only
 fixed-latency engine standing in for the GPU: each batch sleeps ``--fake-batch S`` plus S per
-slice (0.0001 is about an H200's: docs/benchmarks.md). Its outputs are not a model's, so
-postprocessing times mean nothing there and SEG/SR are not written; load, preprocess and the
-inference stages (copies, batching, round trips) are what it measures.
+slice (0.0001 is about an H200's: CHANGELOG.md, 2026-12-01, "Load with the fast CT reader").
+Its outputs are not a model's, so postprocessing times mean nothing there and SEG/SR are not
+written; load, preprocess and the inference stages (copies, batching, round trips) are what it
+measures.
 
     .venv/bin/python scripts/cpu_stage_times.py /tmp/d/ph --repeats 5 --fake-per-slice 0.0001
 """

@@ -40,7 +40,8 @@ def test_cpu_sessions_plan_no_memory_pattern_per_batch_size(
     models: tuple[LoadedModel, LoadedModel],
 ) -> None:
     # A pattern per input shape kept a block per batch size in the CPU arena: a worker grew
-    # from 1.56 to 3.1 GiB over batches of mixed sizes (docs/benchmarks.md).
+    # from 1.56 to 3.1 GiB over batches of mixed sizes (docs/benchmarks.md, "Inference worker
+    # memory on the CPU").
     for model in models:
         session = model.engine._session  # type: ignore[attr-defined]
         assert session.get_session_options().enable_mem_pattern is False

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The last call of the first device sequence on nvidia-h200-x2 for issues 3 and 4
-# (docs/benchmarks.md, "Engines on one H200" and "One GPU vs two"): onnxruntime-gpu from the parts
+# (CHANGELOG.md, 2026-11-30, "GPU workers run two batches at once", run 1 and its engine table;
+# the current figures: docs/benchmarks.md, "Engines on one H200"): onnxruntime-gpu from the parts
 # the calls before it carried (benchmarks/device/setup_ort.sh), then the engine benchmark on GPU 0
 # and the one-vs-two-GPU load; logs and JSON go to $OUT.
 source benchmarks/device/setup_ort.sh

@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
 """Issue 4: where the slow engine runs under load come from (a GPU worker's engines, in process).
 
-Under the batchers' load a GPU worker's nodule-det runs take 9 ms at the median but about 20 of
-them in 15 s take 0.6-1.9 s (worker_feed.py's raw traces, docs/benchmarks.md), which leaves
-the GPU idle most of the time. This loads the engines exactly as a GPU worker does
+Under the batchers' load a GPU worker's nodule-det runs take 9 ms at the median but about 20 of them
+in 15 s take 0.6-1.9 s (worker_feed.py's raw traces; CHANGELOG.md, 2026-12-01, "Why the GPU idled"),
+which leaves the GPU idle most of the time. This loads the engines exactly as a GPU worker does
 (`workers._load_engines`)
 and runs: (A) 150 pairs of full batches, one thread; (B) 150 batches of mixed sizes, one
 thread; (C) two threads, each with its own set of engines (a worker's two runners), full

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Sourced on the device by the last call of a sequence (benchmarks/device/engine_variants_multi_gpu.sh and the
-# follow-up command in docs/benchmarks.md). The calls before it each carried one part of
+# Sourced on the device by the last call of a sequence (the benchmarks/device/*.sh scripts:
+# docs/benchmarks.md, "Running the device scripts"). The calls before it each carried one part of
 # onnxruntime-gpu 1.31.1 to /tmp/parts (built here by benchmarks/device/pack.sh): the cp312 manylinux_2_28 wheel (sha256 05d548956197b9d0...,
 # DEVICE.md) unzipped and packed as a .tar.xz (204 MB instead of 256 MB: four calls, not six),
 # split with `split -b 51100000 -d -a 1`. This checks the archive, unpacks it to /tmp/site, sets

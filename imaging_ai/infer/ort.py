@@ -249,7 +249,8 @@ class OrtBackend:
             # A memory pattern is planned per input shape, and each keeps its own block in
             # the CPU arena: batches of every size from 1 to 32 took a worker from 1.56 to
             # 3.1 GiB. Without patterns the arena reuses its chunks (1.62 GiB, flat), at the
-            # same speed per slice (tests/test_memory_flat.py, docs/benchmarks.md).
+            # same speed per slice (tests/test_memory_flat.py; docs/benchmarks.md, "Inference
+            # worker memory on the CPU").
             so.enable_mem_pattern = False
         providers = provider_config(self.options, card)
         errors: tuple[type[BaseException], ...] = (*ort_errors(ort), OSError)
@@ -381,9 +382,10 @@ def bound_sizes(max_batch_size: int, device: str) -> tuple[int, ...]:
     differs from its previous run's: on an H200 every run after a change of batch size took
     350 ms (lung-seg) and 600-1,600 ms (nodule-det) instead of 3 and 9 ms, whatever the
     cuDNN cache held, and under the batchers' mixed sizes those runs left the GPU idle 60% of
-    the time (`benchmarks/device/run_tail.py`, docs/benchmarks.md "Why the GPU idled"). Padding
-    every batch to the largest costs at most one full batch's run (9 ms) for a short one. On
-    the CPU a shape change costs nothing, and padding would cost the padded slices' compute.
+    the time (`benchmarks/device/run_tail.py`; CHANGELOG.md, 2026-12-01, "Why the GPU idled").
+    Padding every batch to the largest costs at most one full batch's run (9 ms) for a short
+    one. On the CPU a shape change costs nothing, and padding would cost the padded slices'
+    compute.
     """
     if device == "cpu":
         return batch_sizes_up_to(max_batch_size)

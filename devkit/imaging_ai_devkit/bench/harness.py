@@ -161,7 +161,8 @@ class DaemonProcess:
 def describe_filesystem(path: Path, root: Path = Path("/")) -> str:
     """The filesystem ``path`` is on, as a benchmark should name it: type, device, journal.
 
-    Ingest figures depend on it (docs/benchmarks.md): ext4 without a journal syncs a file
+    Ingest figures depend on it (CHANGELOG.md, 2026-12-01, "Ingest with the corrected harness"
+    and "Ingest, seventh session"): ext4 without a journal syncs a file
     with fewer writes than with one, and its inode allocator steps over every inode freed in
     the last minute or more, which slows file creation after a server's output is deleted.
     ``root`` holds the ``proc`` and ``sys`` trees read (another one in tests).

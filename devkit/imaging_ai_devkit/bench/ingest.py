@@ -2,7 +2,7 @@
 
 The servers are run in rounds (storescp, tuned storescp, imaging-ai, then again), and each
 round's ratio is taken between its own runs: the machine's speed drifts by more than the
-difference being measured (docs/benchmarks.md). Every server gets the same pause between
+difference being measured (docs/benchmarks.md, "Ingest"). Every server gets the same pause between
 being ready and its first image, so each writes into memory in the same state (see
 ``SETTLE_S``).
 
@@ -14,7 +14,8 @@ run and given ``--quiet-s`` to go quiet (outside any timing), so that no server 
 an earlier run's files are written back or pays for their deletion. On ext4 without a
 journal, creating a file steps over every inode freed in the last minute or more: deleting
 each run's output at once slowed the next server's file creation, storescp's most
-(docs/benchmarks.md). The table names the filesystem the runs wrote to.
+(CHANGELOG.md, 2026-12-01, "Ingest with the corrected harness"). The table names the filesystem
+the runs wrote to.
 """
 
 from __future__ import annotations
@@ -47,7 +48,8 @@ SETTLE_S = 3.0
 # Seconds to wait after syncing the disk between runs. The sync returns once this guest has
 # written its data, but the virtual disk behind it can take longer to go quiet: with a 3 s
 # pause the daemon, which fsyncs, received 300-371 img/s with four associations after a
-# storescp run's sync; with 20 s, 387-484 (docs/benchmarks.md).
+# storescp run's sync; with 20 s, 387-484 (CHANGELOG.md, 2026-12-01, "Ingest with the corrected
+# harness").
 QUIET_S = 15.0
 # Free space left over once every run's output is kept (the daemon's database, the phantom).
 _DISK_MARGIN = 1 << 30

@@ -10,7 +10,7 @@ would); results go to Orthanc and the stand-in RIS (`imaging_ai_devkit.bench.sta
 daemon's own: results ready after the study's deadline (completion + the class's SLA).
 
 How the copies are made and sent, and which PACS takes the results, is a `Sender`: the default
-above, or what a script brings (scripts/device_sustained.py: pynetdicom where there is no DCMTK
+above, or what a script brings (benchmarks/device/sustained.py: pynetdicom where there is no DCMTK
 or Orthanc). ``--budget`` stops sending the stream past that many seconds and reports the
 studies sent.
 """
