@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import os
-import statistics
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -25,6 +24,7 @@ import numpy as np
 
 from imaging_ai.infer.base import sample_batch
 from imaging_ai.modelcard import ModelCard, discover_models
+from imaging_ai.stats import quantile
 from imaging_ai_devkit.bench.harness import ENGINES_DIR
 
 Runner = Callable[[np.ndarray[Any, Any]], np.ndarray[Any, Any]]
@@ -92,15 +92,8 @@ def measure(card: ModelCard, engine: str, runner: Runner, batch: int, slices: in
         latencies.append(time.perf_counter() - t)
         done += batch
     seconds = time.perf_counter() - start
-    ms = sorted(x * 1000 for x in latencies)
-    return Cell(
-        card.name,
-        engine,
-        batch,
-        done / seconds,
-        statistics.median(ms),
-        float(np.percentile(ms, 95)),
-    )
+    ms = [x * 1000 for x in latencies]
+    return Cell(card.name, engine, batch, done / seconds, quantile(ms, 0.5), quantile(ms, 0.95))
 
 
 def _engines(

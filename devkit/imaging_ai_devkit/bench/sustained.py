@@ -34,12 +34,12 @@ from pathlib import Path
 import pydicom
 from pydicom.uid import generate_uid
 
+from imaging_ai.stats import quantile
 from imaging_ai_devkit.bench.harness import describe_filesystem
 from imaging_ai_devkit.bench.orthanc import OrthancPacs
 from imaging_ai_devkit.bench.schedule import make_study
 from imaging_ai_devkit.bench.stack import PRIORITY_ORDER, Hospital, HospitalOptions
 from imaging_ai_devkit.bench.stages import job_times
-from imaging_ai_devkit.bench.turnaround import percentile
 
 # One copy to make: the phantom's files, the folder for the copy, its accession number.
 CopyJob = tuple[list[Path], Path, str]
@@ -331,8 +331,8 @@ def sender_line(record: _Run, outcomes: list[Outcome]) -> str:
     finished = sorted(o.finished_at for o in outcomes)
     results = (finished[-1] - finished[0]).total_seconds()
     return (
-        f"{len(seconds)} studies sent over {span:.1f} s, p50 {percentile(seconds, 50):.1f} s "
-        f"and {percentile(rates, 50):.0f} slices/s a study, at most {_most_at_once(record)} at "
+        f"{len(seconds)} studies sent over {span:.1f} s, p50 {quantile(seconds, 0.5):.1f} s "
+        f"and {quantile(rates, 0.5):.0f} slices/s a study, at most {_most_at_once(record)} at "
         f"once; results from first to last over {results:.1f} s"
     )
 
@@ -404,8 +404,8 @@ def _print(
             t = [o.turnaround_s for o in mine]
             misses = sum(o.missed for o in mine)
             print(
-                f"{priority:<12} {len(mine):>8} {percentile(t, 50):>7.1f} "
-                f"{percentile(t, 95):>7.1f} {misses:>16}"
+                f"{priority:<12} {len(mine):>8} {quantile(t, 0.5):>7.1f} "
+                f"{quantile(t, 0.95):>7.1f} {misses:>16}"
             )
     print("turnaround: completion of receive -> results ready, as the SLA counts it")
 

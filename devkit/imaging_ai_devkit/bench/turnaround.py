@@ -23,9 +23,8 @@ from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 
-import numpy as np
-
 from imaging_ai.config import AssembleConfig
+from imaging_ai.stats import quantile
 from imaging_ai_devkit.bench.harness import ENGINES_DIR, describe_filesystem
 from imaging_ai_devkit.bench.orthanc import OrthancPacs
 from imaging_ai_devkit.bench.schedule import make_study
@@ -191,11 +190,6 @@ def _one(hospital: Hospital, files: list[Path], n: int, args: argparse.Namespace
     return stages
 
 
-def percentile(values: list[float], q: float) -> float:
-    """The q-th percentile, interpolated linearly between the measured values."""
-    return float(np.percentile(np.asarray(values, dtype=float), q))
-
-
 def _print(results: list[StudyStages], bare: float, setup: str, args: argparse.Namespace) -> None:
     print()
     options = hospital_options(args)
@@ -205,31 +199,31 @@ def _print(results: list[StudyStages], bare: float, setup: str, args: argparse.N
         f"the PACS; {setup}; idle timers {options.series_idle_s:g}/{options.study_idle_s:g} s, "
         f"completed by: {completions}"
     )
-    print("from the last instance received to SEG+SR stored in PACS (p95 interpolated)")
+    print("from the last instance received to SEG+SR stored in PACS (p50 and p95 nearest-rank, as on the status page)")
     print(f"{'stage':<40} {'p50 s':>7} {'p95 s':>7} {'share':>6}")
     stages = list(dict.fromkeys(k for r in results for k in r.stages))
     total = sum(r.turnaround_s for r in results)
     for stage in stages:
         values = [r.stages.get(stage, 0.0) for r in results]
         print(
-            f"{label(stage):<40} {percentile(values, 50):>7.2f} {percentile(values, 95):>7.2f} "
+            f"{label(stage):<40} {quantile(values, 0.5):>7.2f} {quantile(values, 0.95):>7.2f} "
             f"{sum(values) / total:>6.0%}"
         )
     turnaround = [r.turnaround_s for r in results]
     reports = [r.report_s for r in results]
-    print(f"{'turnaround (SEG+SR in PACS)':<40} {percentile(turnaround, 50):>7.2f} "
-          f"{percentile(turnaround, 95):>7.2f}")  # fmt: skip
-    print(f"{'report on the RIS API':<40} {percentile(reports, 50):>7.2f} "
-          f"{percentile(reports, 95):>7.2f}")  # fmt: skip
+    print(f"{'turnaround (SEG+SR in PACS)':<40} {quantile(turnaround, 0.5):>7.2f} "
+          f"{quantile(turnaround, 0.95):>7.2f}")  # fmt: skip
+    print(f"{'report on the RIS API':<40} {quantile(reports, 0.5):>7.2f} "
+          f"{quantile(reports, 0.95):>7.2f}")  # fmt: skip
     print(f"{'peer: bare analysis, one study':<40} {bare:>7.2f}")
 
 
 def headline(results: list[StudyStages], bare: float, args: argparse.Namespace) -> str:
     """p50/p95 against the goal, the slowest stage by its median, and the peer."""
     turnaround = [r.turnaround_s for r in results]
-    p50, p95 = percentile(turnaround, 50), percentile(turnaround, 95)
+    p50, p95 = quantile(turnaround, 0.5), quantile(turnaround, 0.95)
     medians = {
-        stage: percentile([r.stages.get(stage, 0.0) for r in results], 50)
+        stage: quantile([r.stages.get(stage, 0.0) for r in results], 0.5)
         for stage in results[0].stages
     }
     slowest = max(medians, key=lambda k: medians[k])
