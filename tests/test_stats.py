@@ -43,7 +43,6 @@ def test_the_status_page_and_the_benchmarks_give_the_same_p50_and_p95() -> None:
     assert (bucket.p50, bucket.p95) == (20.0, 45.0)
 
 
-
 def test_the_engines_benchmark_reports_nearest_rank_latencies(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -199,7 +199,7 @@ def _print(results: list[StudyStages], bare: float, setup: str, args: argparse.N
         f"the PACS; {setup}; idle timers {options.series_idle_s:g}/{options.study_idle_s:g} s, "
         f"completed by: {completions}"
     )
-    print("from the last instance received to SEG+SR stored in PACS (p50 and p95 nearest-rank, as on the status page)")
+    print("from the last instance received to SEG+SR stored in PACS (p95 nearest-rank)")
     print(f"{'stage':<40} {'p50 s':>7} {'p95 s':>7} {'share':>6}")
     stages = list(dict.fromkeys(k for r in results for k in r.stages))
     total = sum(r.turnaround_s for r in results)
