@@ -23,6 +23,7 @@ from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 
+from imaging_ai import progress as bars
 from imaging_ai.config import AssembleConfig
 from imaging_ai.stats import quantile
 from imaging_ai_devkit.bench.harness import ENGINES_DIR, describe_filesystem
@@ -53,6 +54,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--goal", type=float, default=30.0, help="goal for p95 (s; default 30)")
     parser.add_argument("--timeout", type=float, default=600, help="seconds to wait per study")
     parser.add_argument("--plot", type=Path, help="write the stages of each study as PNG")
+    bars.add_argument(parser)
 
 
 def run(
@@ -67,10 +69,16 @@ def run(
     with tempfile.TemporaryDirectory(prefix="imaging-ai-bench-turnaround-") as tmp:
         work = Path(tmp)
         studies = []
-        for i in range(args.studies):
-            print(f"generating study {i + 1}/{args.studies} ({args.slices} slices)", flush=True)
-            accession = f"TURN-{i + 1}"
-            studies.append(make_study(work / accession, 7300 + i, args.slices, "urgent", accession))
+        made = bars.progress(
+            range(args.studies), desc="phantoms", unit="study", force=args.progress
+        )
+        with made:
+            for i in made:
+                bars.echo(f"generating study {i + 1}/{args.studies} ({args.slices} slices)")
+                accession = f"TURN-{i + 1}"
+                studies.append(
+                    make_study(work / accession, 7300 + i, args.slices, "urgent", accession)
+                )
         print(f"peer: the first study analysed in this process ({backend})", flush=True)
         bare = bare_analysis(studies[0], backend)
         with Hospital(work / "hospital", hospital_options(args), pacs) as hospital:
@@ -135,19 +143,26 @@ def _all(
     """Every study in turn; within ``--budget``, those that fit, judged by the slowest yet."""
     results: list[StudyStages] = []
     longest = 0.0
-    for n, files in enumerate(studies, start=1):
-        left = args.budget - (time.monotonic() - started)
-        if args.budget and results and left < 1.5 * longest:
-            print(f"  {left:.0f} s of the budget left: stopping after {len(results)} studies")
-            break
-        t = time.monotonic()
-        try:
-            results.append(_one(hospital, files, n, args))
-        except (RuntimeError, LookupError) as exc:
-            tail = "\n".join(hospital.daemon.log().splitlines()[-15:])
-            print(f"  study {n} FAILED: {exc}\n  the daemon's log ends:\n{tail}", flush=True)
-            break
-        longest = max(longest, time.monotonic() - t)
+    # A bar of the studies back on stderr; the lines above it go through echo (stdout).
+    with bars.progress(
+        total=len(studies), desc="turnaround", unit="study", force=args.progress
+    ) as bar:
+        for n, files in enumerate(studies, start=1):
+            left = args.budget - (time.monotonic() - started)
+            if args.budget and results and left < 1.5 * longest:
+                bars.echo(
+                    f"  {left:.0f} s of the budget left: stopping after {len(results)} studies"
+                )
+                break
+            t = time.monotonic()
+            try:
+                results.append(_one(hospital, files, n, args))
+            except (RuntimeError, LookupError) as exc:
+                tail = "\n".join(hospital.daemon.log().splitlines()[-15:])
+                bars.echo(f"  study {n} FAILED: {exc}\n  the daemon's log ends:\n{tail}")
+                break
+            bar.update()
+            longest = max(longest, time.monotonic() - t)
     return results
 
 
@@ -181,11 +196,10 @@ def _one(hospital: Hospital, files: list[Path], n: int, args: argparse.Namespace
         raise RuntimeError(f"study {n}: {'; '.join(results.problems())}")
     stages = read_stages(hospital.database_url, uid)
     name, seconds = stages.slowest
-    print(
+    bars.echo(
         f"  study {n}/{args.studies}: {stages.turnaround_s:.1f} s "
         f"(report on the API after {stages.report_s:.1f} s; slowest: {label(name)} "
-        f"{seconds:.1f} s)",
-        flush=True,
+        f"{seconds:.1f} s)"
     )
     return stages
 
