@@ -1,9 +1,10 @@
 """Takes an iterable or a total, gives a tqdm progress bar on stderr for the interactive commands.
 
-The rule every command follows: a bar only when stderr is a terminal, unless the command line
-forces it (``--progress``) or turns it off (``--no-progress``); a pipe, a file or the journal
-gets the command's own lines only. ``imaging-ai serve`` never draws one: the daemon's progress
-is its log, its status page and its metrics.
+The rule every command follows (evaluate, build-engines, the training scripts, and the
+development kit's phantom and bench): a bar only when stderr is a terminal, unless the command
+line forces it (``--progress``) or turns it off (``--no-progress``); a pipe, a file or the
+journal gets the command's own lines only, the same with a bar or without. ``imaging-ai serve``
+never draws one: the daemon's progress is its log, its status page and its metrics.
 """
 
 from __future__ import annotations

@@ -49,6 +49,7 @@ from imaging_ai.dicom.association import Association, Peer
 from imaging_ai.dicom.dataset_head import HeadValues, PixelFacts, needed_bytes
 from imaging_ai.dicom.dimse import Command
 from imaging_ai.dicom.negotiation import REJECT_BUSY, REJECT_CALLED_AE, REJECT_CALLING_AE
+from imaging_ai.durable import write_all
 from imaging_ai.errors import (
     DuplicateSOPInstance,
     InvalidDataset,
@@ -57,7 +58,7 @@ from imaging_ai.errors import (
     StorageError,
 )
 from imaging_ai.redact import exception_text
-from imaging_ai.spool import Spool, check_uid, start_writeback, storage_error, write_all
+from imaging_ai.spool import Spool, check_uid, start_writeback, storage_error
 
 log = logging.getLogger(__name__)
 

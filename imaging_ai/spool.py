@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from imaging_ai.durable import fsync_path
 from imaging_ai.errors import InvalidDataset, OutOfResources, StorageError
 
 log = logging.getLogger(__name__)
@@ -42,13 +43,6 @@ def _load_sync_file_range() -> Callable[[int, int, int, int], int] | None:
 
 
 _sync_file_range = _load_sync_file_range()
-
-
-def write_all(file: io.FileIO, data: bytes | bytearray | memoryview) -> None:
-    """Write all of ``data`` to an unbuffered file (a raw write may take only part)."""
-    view = memoryview(data)
-    while view:
-        view = view[file.write(view) or 0 :]
 
 
 def start_writeback(fd: int, offset: int, length: int) -> None:
@@ -258,6 +252,11 @@ class Spool:
         elsewhere it is copied first. ``synced`` says its data was already flushed to disk
         (``os.fdatasync`` by the writer), which saves opening it again; ``size``, its
         length in bytes when the caller knows it.
+
+        Not `imaging_ai.durable.write_atomic`: the data is already in a file (the receiver
+        streams each instance into one as it arrives, fdatasyncs it and hands it over), so
+        this moves a file into place, without writing it again, from the spool's own
+        temporary folder (one per node, emptied at start) into a folder made on first use.
         """
         relative = self.relative_path(study_uid, series_uid, sop_uid)
         final = self.root / relative
@@ -307,15 +306,6 @@ class Spool:
 def _write(path: Path, data: bytes) -> None:
     with open(path, "wb") as f:
         f.write(data)
-
-
-def fsync_path(path: Path) -> None:
-    """fsync a file, or a directory (the names created or renamed in it are then on disk)."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def storage_error(exc: OSError, relative: str) -> StorageError:

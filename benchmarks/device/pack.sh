@@ -37,7 +37,7 @@ echo "ortsite $(sha256sum < "$work/ortsite.tar.xz" | cut -c1-64) $(ls .whl-parts
 # the daemon's packages
 names=(pydicom pynetdicom SimpleITK highdicom pyjpegls SQLAlchemy greenlet alembic Mako starlette
        anyio uvicorn h11 click python-multipart itsdangerous hl7 hl7apy typing_extensions Jinja2
-       MarkupSafe prometheus_client idna)
+       MarkupSafe prometheus_client idna pydantic pydantic_core annotated_types typing_inspection tqdm)
 pins=()
 for name in "${names[@]}"; do pins+=("$name==$(version "$name")"); done
 mkdir -p "$work/site2whl" "$work/site2" .whl-parts/site2

@@ -31,6 +31,7 @@ sys.path.insert(0, str(ROOT))
 from imaging_ai.infer.base import infer_into  # noqa: E402
 from imaging_ai.infer.ort import last_stages  # noqa: E402
 from imaging_ai.modelcard import load_model_card  # noqa: E402
+from imaging_ai.stats import quantile  # noqa: E402
 from imaging_ai.workers import WorkerSpec, _load_engines  # noqa: E402
 
 NAMES = ("lung-seg", "nodule-det")
@@ -114,8 +115,8 @@ def main() -> int:
             runs = np.array([r[5] for r in log if r[0] == tag and r[1] == name]) * 1e3
             if len(runs):
                 print(
-                    f"{tag:<20} {name:<11} n={len(runs):<4} median {np.median(runs):7.2f} "
-                    f"p99 {np.percentile(runs, 99):8.2f} max {runs.max():8.1f} ms"
+                    f"{tag:<20} {name:<11} n={len(runs):<4} median {quantile(runs, 0.5):7.2f} "
+                    f"p99 {quantile(runs, 0.99):8.2f} max {runs.max():8.1f} ms"
                 )
     Path(os.environ.get("OUT", "/tmp"), "run_tail.json").write_text(json.dumps(log))
     print(f"headline: {len(slow)} runs over 100 ms of {len(log)}")

@@ -55,6 +55,8 @@ NEEDED = {
     "prometheus_client": "prometheus-client",
     "hl7": "hl7",
     "hl7apy": "hl7apy",
+    "pydantic": "pydantic",
+    "tqdm": "tqdm",
 }
 
 

@@ -8,9 +8,9 @@ Inputs and outputs stay float32 so callers, buffers and IO bindings do not chang
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
+from imaging_ai.durable import write_atomic
 from imaging_ai.errors import EngineError
 
 
@@ -61,7 +61,6 @@ def write_fp16_model(onnx_path: Path, dest: Path) -> Path:
     if dest.exists():
         return dest
     dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = dest.with_name(f".{dest.name}.{os.getpid()}.tmp")
-    tmp.write_bytes(fp16_model_bytes(onnx_path))
-    tmp.replace(dest)
-    return dest
+    # fsynced before the rename: a file already there is reused unread, so a crash must not
+    # leave an empty one under the final name.
+    return write_atomic(dest, fp16_model_bytes(onnx_path))

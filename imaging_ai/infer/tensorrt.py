@@ -15,7 +15,6 @@ import hashlib
 import importlib
 import json
 import logging
-import os
 import time
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
@@ -25,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from imaging_ai.durable import write_atomic
 from imaging_ai.errors import EngineError
 from imaging_ai.infer.agreement import compare, hu_sensitivity
 from imaging_ai.infer.base import BackendInfo, Engine, FloatArray, Precision, sample_batch
@@ -196,13 +196,9 @@ def _save_timing_cache(config: Any, path: Path) -> None:
 
 
 def _write_atomic(path: Path, data: bytes) -> None:
+    """`imaging_ai.durable.write_atomic`, into ``path``'s folder made if missing."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with tmp.open("wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    tmp.replace(path)
+    write_atomic(path, data)
 
 
 def import_tensorrt() -> ModuleType:

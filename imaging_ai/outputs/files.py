@@ -10,7 +10,6 @@ same bytes (deterministic UIDs, pinned creation time), so a retry resends the sa
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -22,6 +21,7 @@ from pydicom.dataset import Dataset
 
 from imaging_ai.analyse import Analysis
 from imaging_ai.config import Config
+from imaging_ai.durable import fsync_path, write_atomic
 from imaging_ai.outbox import Payload
 from imaging_ai.outputs.common import Algorithm, build_report, read_headers
 from imaging_ai.outputs.keyimages import write_key_images
@@ -29,7 +29,6 @@ from imaging_ai.outputs.messages import MessageBuilder, RisMessage, submit
 from imaging_ai.outputs.seg import encode_segmentation
 from imaging_ai.outputs.sr import build_measurement_report
 from imaging_ai.outputs.uids import output_uids
-from imaging_ai.spool import fsync_path, write_all
 
 log = logging.getLogger(__name__)
 
@@ -178,11 +177,6 @@ def _encode_dicom(dataset: Dataset) -> memoryview:
 
 
 def _save_bytes(path: Path, data: bytes | memoryview) -> Path:
-    """Write atomically: one write and an fsync on the same descriptor, then rename (pydicom
-    writing to the file itself makes thousands of small writes)."""
-    tmp = path.with_suffix(".tmp")
-    with open(tmp, "wb", buffering=0) as f:
-        write_all(f, data)  # a raw write may take only part
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    return path
+    """Write atomically (`imaging_ai.durable.write_atomic`); the folders are fsynced once, after
+    every file of the job is written (`write_results`)."""
+    return write_atomic(path, data, sync_dir=False)

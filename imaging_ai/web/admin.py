@@ -22,7 +22,7 @@ from imaging_ai.config import PRIORITY_CLASSES, Config
 from imaging_ai.db.session import utcnow
 from imaging_ai.web import status
 from imaging_ai.web.actions import ACTIONS
-from imaging_ai.web.charts import buckets, quantile, turnaround_chart
+from imaging_ai.web.charts import buckets, quantile_or_none, turnaround_chart
 from imaging_ai.web.findings import study_findings
 from imaging_ai.web.live import live_panels
 from imaging_ai.web.pages import Pages
@@ -215,7 +215,8 @@ def _summary(
 def _window(rows: Sequence[tuple[datetime, float, bool]]) -> Window:
     seconds = [secs for _, secs, _ in rows]
     misses = sum(1 for *_, missed in rows if missed)
-    return Window(len(rows), quantile(seconds, 0.5), quantile(seconds, 0.95), misses)
+    p50, p95 = quantile_or_none(seconds, 0.5), quantile_or_none(seconds, 0.95)
+    return Window(len(rows), p50, p95, misses)
 
 
 def _notice(params: QueryParams) -> str:

@@ -1,4 +1,5 @@
-"""Takes turnaround samples and gives percentiles and small inline SVG charts (no chart library).
+"""Takes turnaround samples and gives percentiles (`imaging_ai.stats`, nearest rank) and small
+inline SVG charts (no chart library).
 
 The SVG uses presentation attributes only, no ``style``, so the page's Content-Security-Policy
 (no inline styles) holds; every number is formatted here, so nothing from the database reaches
@@ -7,12 +8,13 @@ the markup unescaped.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from markupsafe import Markup, escape
+
+from imaging_ai.stats import quantile
 
 WIDTH, HEIGHT = 300, 110
 LEFT, RIGHT, TOP, BOTTOM = 34, 6, 8, 18
@@ -27,13 +29,9 @@ class Bucket:
     count: int
 
 
-def quantile(values: Sequence[float], q: float) -> float | None:
-    """The nearest-rank quantile ``q`` (0-1) of ``values``, or None when empty."""
-    if not values:
-        return None
-    ordered = sorted(values)
-    rank = max(1, math.ceil(q * len(ordered)))
-    return ordered[rank - 1]
+def quantile_or_none(values: Sequence[float], q: float) -> float | None:
+    """`imaging_ai.stats.quantile` of ``values``, or None where there are none."""
+    return quantile(values, q) if values else None
 
 
 def buckets(
@@ -46,7 +44,7 @@ def buckets(
         index = int((at - (now - span)) / width)
         if 0 <= index < count:
             grouped[index].append(seconds)
-    return [Bucket(quantile(g, 0.5), quantile(g, 0.95), len(g)) for g in grouped]
+    return [Bucket(quantile_or_none(g, 0.5), quantile_or_none(g, 0.95), len(g)) for g in grouped]
 
 
 def turnaround_chart(title: str, series: Sequence[Bucket], sla_s: float, span: str) -> Markup:

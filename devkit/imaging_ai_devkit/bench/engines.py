@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import os
-import statistics
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -23,8 +22,10 @@ from typing import Any
 
 import numpy as np
 
+from imaging_ai import progress as bars
 from imaging_ai.infer.base import sample_batch
 from imaging_ai.modelcard import ModelCard, discover_models
+from imaging_ai.stats import quantile
 from imaging_ai_devkit.bench.harness import ENGINES_DIR
 
 Runner = Callable[[np.ndarray[Any, Any]], np.ndarray[Any, Any]]
@@ -50,6 +51,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="CPU threads")
     parser.add_argument("--models", default="", help="comma-separated model names (default all)")
     parser.add_argument("--plot", type=Path, help="write throughput vs batch size as PNG")
+    bars.add_argument(parser)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -58,17 +60,22 @@ def run(args: argparse.Namespace) -> int:
     cards = [c for c in discover_models(ENGINES_DIR) if not args.models or c.name in args.models]
     cells: list[Cell] = []
     notes: list[str] = []
-    with tempfile.TemporaryDirectory(prefix="imaging-ai-bench-engines-") as tmp:
+    # A bar of the cells measured on stderr; how many engines a model has is known only as
+    # they load, so each one loaded adds its batch sizes to the total.
+    bar = bars.progress(total=0, desc="engines", unit="cell", force=args.progress)
+    with tempfile.TemporaryDirectory(prefix="imaging-ai-bench-engines-") as tmp, bar:
         for card in cards:
             for name, runner in _engines(card, max(batches), args.threads, Path(tmp), notes):
+                bar.total += len(batches)
                 for batch in batches:
+                    bar.set_postfix_str(f"{card.name} {name} batch {batch}")
                     cells.append(measure(card, name, runner, batch, args.slices))
                     c = cells[-1]
-                    print(
+                    bars.echo(
                         f"  {card.name} {name} batch {batch}: {c.slices_per_s:,.0f} slices/s, "
-                        f"{c.latency_ms_p50:.1f} ms per batch",
-                        flush=True,
+                        f"{c.latency_ms_p50:.1f} ms per batch"
                     )
+                    bar.update()
     _print(cells, notes, args)
     if args.plot:
         from imaging_ai_devkit.bench.plots import throughput_vs_batch
@@ -92,15 +99,8 @@ def measure(card: ModelCard, engine: str, runner: Runner, batch: int, slices: in
         latencies.append(time.perf_counter() - t)
         done += batch
     seconds = time.perf_counter() - start
-    ms = sorted(x * 1000 for x in latencies)
-    return Cell(
-        card.name,
-        engine,
-        batch,
-        done / seconds,
-        statistics.median(ms),
-        float(np.percentile(ms, 95)),
-    )
+    ms = [x * 1000 for x in latencies]
+    return Cell(card.name, engine, batch, done / seconds, quantile(ms, 0.5), quantile(ms, 0.95))
 
 
 def _engines(

@@ -30,11 +30,12 @@ import sys
 import tempfile
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from imaging_ai import progress as bars
 from imaging_ai_devkit.bench.harness import CALLED_AE, describe_filesystem, free_port
 from imaging_ai_devkit.bench.orthanc import ORTHANC_AE, OrthancPacs
 
@@ -79,6 +80,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=SETTLE_S,
         help=f"pause between each server being ready and its first image (default {SETTLE_S})",
     )
+    bars.add_argument(parser)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -105,10 +107,22 @@ def run(args: argparse.Namespace) -> int:
                 file=sys.stderr,
             )
             return 2
-        rows = [
-            _rounds(files, n, work, args.repeats, args.settle_s, args.orthanc, args.quiet_s)
-            for n in counts
-        ]
+        # A bar of the runs on stderr (each server, round and association count); the
+        # rounds' lines go above it through echo (stdout).
+        with bars.progress(total=runs, desc="ingest", unit="run", force=args.progress) as bar:
+            rows = [
+                _rounds(
+                    files,
+                    n,
+                    work,
+                    args.repeats,
+                    args.settle_s,
+                    args.orthanc,
+                    args.quiet_s,
+                    bar.update,
+                )
+                for n in counts
+            ]
         filesystem = describe_filesystem(work)
     _print_table(len(files), rows, filesystem)
     return 0
@@ -119,7 +133,10 @@ def _study_files(args: argparse.Namespace, work: Path) -> list[Path]:
         files = sorted(p for p in Path(args.study).rglob("*") if p.is_file())
     else:
         files = []
-        for i in range(args.studies):
+        made = bars.progress(
+            range(args.studies), desc="phantoms", unit="study", force=args.progress
+        )
+        for i in made:
             out = work / f"phantom{i}"
             subprocess.run(
                 [
@@ -132,6 +149,7 @@ def _study_files(args: argparse.Namespace, work: Path) -> list[Path]:
                     str(args.slices),
                     "--seed",
                     str(1000 + i),
+                    "--no-progress",  # this process's bar counts the phantoms
                 ],
                 check=True,
                 stdout=subprocess.DEVNULL,
@@ -163,18 +181,20 @@ def _rounds(
     settle_s: float,
     orthanc: bool = False,
     quiet_s: float = QUIET_S,
+    done: Callable[[], object] = lambda: None,
 ) -> Row:
-    """Run the servers ``repeats`` times in turn; medians of rates and of ratios."""
+    """Run the servers ``repeats`` times in turn; medians of rates and of ratios. ``done`` is
+    called after each run."""
     runs: dict[str, list[float]] = {name: [] for name in _servers(orthanc)}
     for _ in range(repeats):
         for name, server_runs in runs.items():
             server_runs.append(_run_server(name, files, n, work, settle_s))
             _sync_disk(quiet_s)
+            done()
         extra = f", Orthanc {runs['orthanc'][-1]:.0f}" if orthanc else ""
-        print(
+        bars.echo(
             f"  {n} association(s): storescp {runs['storescp'][-1]:.0f}, tuned storescp "
-            f"{runs['tuned'][-1]:.0f}{extra}, imaging-ai {runs['ours'][-1]:.0f} img/s",
-            flush=True,
+            f"{runs['tuned'][-1]:.0f}{extra}, imaging-ai {runs['ours'][-1]:.0f} img/s"
         )
     ours = runs["ours"]
 

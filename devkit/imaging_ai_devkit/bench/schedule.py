@@ -15,9 +15,11 @@ import tempfile
 import threading
 import time
 import urllib.error
+from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
 
+from imaging_ai import progress as bars
 from imaging_ai_devkit.bench.harness import DaemonProcess
 
 FAST_ASSEMBLY = "[assemble]\nseries_idle_s = 1.0\nstudy_idle_s = 1.0\npoll_s = 0.2\n"
@@ -28,19 +30,32 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--studies", type=int, default=10, help="outpatient studies of the load")
     parser.add_argument("--slices", type=int, default=120, help="slices per phantom study")
     parser.add_argument("--timeout", type=float, default=1800, help="seconds to wait for results")
+    bars.add_argument(parser)
 
 
 def run(args: argparse.Namespace) -> int:
     """Run the benchmark and print the table; the last line starts with headline:."""
+    force = args.progress
     with tempfile.TemporaryDirectory(prefix="imaging-ai-bench-schedule-") as tmp:
         work = Path(tmp)
-        urgent = make_study(work / "urgent", 9000, args.slices, "urgent", "URGENT-1")
-        load = [
-            make_study(work / f"out{i}", 9100 + i, args.slices, "outpatient", f"OUT-{i}")
-            for i in range(args.studies)
-        ]
-        idle = _idle_run(work / "idle", urgent, args.timeout)
-        loaded, misses = _loaded_run(work / "loaded", load, urgent, args.timeout)
+        # Bars on stderr: the phantoms made, then the reports back (the urgent study idle, then
+        # the backlog and the urgent study behind it).
+        with bars.progress(
+            total=args.studies + 1, desc="phantoms", unit="study", force=force
+        ) as made:
+            urgent = make_study(work / "urgent", 9000, args.slices, "urgent", "URGENT-1")
+            made.update()
+            load = []
+            for i in range(args.studies):
+                load.append(
+                    make_study(work / f"out{i}", 9100 + i, args.slices, "outpatient", f"OUT-{i}")
+                )
+                made.update()
+        with bars.progress(
+            total=args.studies + 2, desc="schedule", unit="report", force=force
+        ) as back:
+            idle = _idle_run(work / "idle", urgent, args.timeout, back.update)
+            loaded, misses = _loaded_run(work / "loaded", load, urgent, args.timeout, back.update)
     _print(args, idle, loaded, misses)
     return 0
 
@@ -64,6 +79,8 @@ def make_study(out: Path, seed: int, slices: int, priority: str, accession: str)
             accession,
             "--nodules",
             "3",
+            # The caller's bar counts the phantoms; none of the subprocess's own on its stderr.
+            "--no-progress",
         ],
         check=True,
         stdout=subprocess.DEVNULL,
@@ -96,19 +113,29 @@ def _when(text: str) -> datetime:
     return datetime.fromisoformat(text.replace("Z", "+00:00"))
 
 
-def _idle_run(root: Path, urgent: list[Path], timeout_s: float) -> float:
+def _idle_run(
+    root: Path, urgent: list[Path], timeout_s: float, done: Callable[[], object] = lambda: None
+) -> float:
+    """The urgent study alone; ``done`` is called once its report is back."""
     daemon = DaemonProcess(root, FAST_ASSEMBLY)
     daemon.start()
     try:
         daemon.send(urgent)
-        return results_seconds(daemon, study_uid_of(urgent), timeout_s)
+        seconds = results_seconds(daemon, study_uid_of(urgent), timeout_s)
+        done()
+        return seconds
     finally:
         daemon.stop()
 
 
 def _loaded_run(
-    root: Path, load: list[list[Path]], urgent: list[Path], timeout_s: float
+    root: Path,
+    load: list[list[Path]],
+    urgent: list[Path],
+    timeout_s: float,
+    done: Callable[[], object] = lambda: None,
 ) -> tuple[float, dict[str, tuple[int, int]]]:
+    """The backlog, then the urgent study; ``done`` is called as each report is back."""
     daemon = DaemonProcess(root, FAST_ASSEMBLY)
     daemon.start()
     try:
@@ -120,8 +147,10 @@ def _loaded_run(
         # The backlog is queued and running; the urgent study arrives now.
         daemon.send(urgent)
         seconds = results_seconds(daemon, study_uid_of(urgent), timeout_s)
+        done()
         for files in load:
             results_seconds(daemon, study_uid_of(files), timeout_s)
+            done()
         return seconds, _deadline_misses(daemon)
     finally:
         daemon.stop()

@@ -34,12 +34,13 @@ from pathlib import Path
 import pydicom
 from pydicom.uid import generate_uid
 
+from imaging_ai import progress as bars
+from imaging_ai.stats import quantile
 from imaging_ai_devkit.bench.harness import describe_filesystem
 from imaging_ai_devkit.bench.orthanc import OrthancPacs
 from imaging_ai_devkit.bench.schedule import make_study
 from imaging_ai_devkit.bench.stack import PRIORITY_ORDER, Hospital, HospitalOptions
 from imaging_ai_devkit.bench.stages import job_times
-from imaging_ai_devkit.bench.turnaround import percentile
 
 # One copy to make: the phantom's files, the folder for the copy, its accession number.
 CopyJob = tuple[list[Path], Path, str]
@@ -135,6 +136,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="stop sending the stream past this many s (0: none)",
     )
     parser.add_argument("--json", type=Path, help="write the figures and each study's outcome")
+    bars.add_argument(parser)
 
 
 def run(args: argparse.Namespace, sender: Sender | None = None) -> int:
@@ -143,6 +145,9 @@ def run(args: argparse.Namespace, sender: Sender | None = None) -> int:
     ``sender`` makes the copies, sends them and makes the PACS; DCMTK and Orthanc by default.
     """
     sender = sender or Sender()
+    # Scripts that parse their own options (benchmarks/device/sustained.py) may have no
+    # --progress: the terminal rule then.
+    force: bool | None = getattr(args, "progress", None)
     started = time.monotonic()
     stop_at = started + args.budget if args.budget else float("inf")
     rng = random.Random(args.seed)
@@ -164,7 +169,14 @@ def run(args: argparse.Namespace, sender: Sender | None = None) -> int:
             print(f"capacity: a backlog of {len(backlog)} studies at once", flush=True)
             first_run = _Run()
             first = _run_stream(
-                hospital, sender, backlog, [0.0] * len(backlog), args.timeout, first_run
+                hospital,
+                sender,
+                backlog,
+                [0.0] * len(backlog),
+                args.timeout,
+                first_run,
+                desc="capacity",
+                force=force,
             )
             capacity = _rate(first)
             print(
@@ -182,7 +194,7 @@ def run(args: argparse.Namespace, sender: Sender | None = None) -> int:
             start = time.monotonic()
             stream_run = _Run()
             outcomes = _run_stream(
-                hospital, sender, stream, gaps, args.timeout, stream_run, stop_at
+                hospital, sender, stream, gaps, args.timeout, stream_run, stop_at, force=force
             )
             window = time.monotonic() - start
     if len(outcomes) < len(stream):
@@ -227,14 +239,22 @@ def _run_stream(
     timeout_s: float,
     record: _Run,
     stop_at: float = float("inf"),
+    *,
+    desc: str = "stream",
+    force: bool | None = None,
 ) -> list[Outcome]:
-    """Send the studies in the background while collecting their results as they come."""
+    """Send the studies in the background while collecting their results as they come.
+
+    A bar of the results, labelled ``desc``, on stderr: drawn or not as ``force`` says, or
+    where stderr is a terminal (None).
+    """
     thread = threading.Thread(
         target=_send_all, args=(hospital, sender, studies, gaps, record, stop_at)
     )
     thread.start()
     try:
-        return _collect(hospital, record, timeout_s, len(studies))
+        with bars.progress(total=len(studies), desc=desc, unit="study", force=force) as results:
+            return _collect(hospital, record, timeout_s, len(studies), results.update)
     finally:
         thread.join()
 
@@ -274,9 +294,15 @@ def _send_and_remove(hospital: Hospital, sender: Sender, files: list[Path], reco
     shutil.rmtree(files[0].parent, ignore_errors=True)
 
 
-def _collect(hospital: Hospital, record: _Run, timeout_s: float, planned: int) -> list[Outcome]:
+def _collect(
+    hospital: Hospital,
+    record: _Run,
+    timeout_s: float,
+    planned: int,
+    done: Callable[[], object] = lambda: None,
+) -> list[Outcome]:
     """Wait for the results of every study sent, until the sender is done and ``timeout_s``
-    after; report progress (of ``planned``) as they finish."""
+    after; report progress (of ``planned``) as they finish, a line each and ``done()``."""
     outcomes: list[Outcome] = []
     seen: set[str] = set()
     start = time.monotonic()
@@ -299,11 +325,11 @@ def _collect(hospital: Hospital, record: _Run, timeout_s: float, planned: int) -
                 outcomes.append(_outcome(hospital, s))
                 seen.add(uid)
                 o = outcomes[-1]
-                print(
+                bars.echo(
                     f"  [{time.monotonic() - start:5.0f} s] {len(outcomes)}/{planned} done: "
-                    f"{o.priority}, {o.turnaround_s:.1f} s{' MISSED' if o.missed else ''}",
-                    flush=True,
+                    f"{o.priority}, {o.turnaround_s:.1f} s{' MISSED' if o.missed else ''}"
                 )
+                done()
         time.sleep(0.5)
     return outcomes
 
@@ -331,8 +357,8 @@ def sender_line(record: _Run, outcomes: list[Outcome]) -> str:
     finished = sorted(o.finished_at for o in outcomes)
     results = (finished[-1] - finished[0]).total_seconds()
     return (
-        f"{len(seconds)} studies sent over {span:.1f} s, p50 {percentile(seconds, 50):.1f} s "
-        f"and {percentile(rates, 50):.0f} slices/s a study, at most {_most_at_once(record)} at "
+        f"{len(seconds)} studies sent over {span:.1f} s, p50 {quantile(seconds, 0.5):.1f} s "
+        f"and {quantile(rates, 0.5):.0f} slices/s a study, at most {_most_at_once(record)} at "
         f"once; results from first to last over {results:.1f} s"
     )
 
@@ -404,8 +430,8 @@ def _print(
             t = [o.turnaround_s for o in mine]
             misses = sum(o.missed for o in mine)
             print(
-                f"{priority:<12} {len(mine):>8} {percentile(t, 50):>7.1f} "
-                f"{percentile(t, 95):>7.1f} {misses:>16}"
+                f"{priority:<12} {len(mine):>8} {quantile(t, 0.5):>7.1f} "
+                f"{quantile(t, 0.95):>7.1f} {misses:>16}"
             )
     print("turnaround: completion of receive -> results ready, as the SLA counts it")
 

@@ -23,9 +23,9 @@ from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 
-import numpy as np
-
+from imaging_ai import progress as bars
 from imaging_ai.config import AssembleConfig
+from imaging_ai.stats import quantile
 from imaging_ai_devkit.bench.harness import ENGINES_DIR, describe_filesystem
 from imaging_ai_devkit.bench.orthanc import OrthancPacs
 from imaging_ai_devkit.bench.schedule import make_study
@@ -54,6 +54,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--goal", type=float, default=30.0, help="goal for p95 (s; default 30)")
     parser.add_argument("--timeout", type=float, default=600, help="seconds to wait per study")
     parser.add_argument("--plot", type=Path, help="write the stages of each study as PNG")
+    bars.add_argument(parser)
 
 
 def run(
@@ -68,10 +69,16 @@ def run(
     with tempfile.TemporaryDirectory(prefix="imaging-ai-bench-turnaround-") as tmp:
         work = Path(tmp)
         studies = []
-        for i in range(args.studies):
-            print(f"generating study {i + 1}/{args.studies} ({args.slices} slices)", flush=True)
-            accession = f"TURN-{i + 1}"
-            studies.append(make_study(work / accession, 7300 + i, args.slices, "urgent", accession))
+        made = bars.progress(
+            range(args.studies), desc="phantoms", unit="study", force=args.progress
+        )
+        with made:
+            for i in made:
+                bars.echo(f"generating study {i + 1}/{args.studies} ({args.slices} slices)")
+                accession = f"TURN-{i + 1}"
+                studies.append(
+                    make_study(work / accession, 7300 + i, args.slices, "urgent", accession)
+                )
         print(f"peer: the first study analysed in this process ({backend})", flush=True)
         bare = bare_analysis(studies[0], backend)
         with Hospital(work / "hospital", hospital_options(args), pacs) as hospital:
@@ -136,19 +143,26 @@ def _all(
     """Every study in turn; within ``--budget``, those that fit, judged by the slowest yet."""
     results: list[StudyStages] = []
     longest = 0.0
-    for n, files in enumerate(studies, start=1):
-        left = args.budget - (time.monotonic() - started)
-        if args.budget and results and left < 1.5 * longest:
-            print(f"  {left:.0f} s of the budget left: stopping after {len(results)} studies")
-            break
-        t = time.monotonic()
-        try:
-            results.append(_one(hospital, files, n, args))
-        except (RuntimeError, LookupError) as exc:
-            tail = "\n".join(hospital.daemon.log().splitlines()[-15:])
-            print(f"  study {n} FAILED: {exc}\n  the daemon's log ends:\n{tail}", flush=True)
-            break
-        longest = max(longest, time.monotonic() - t)
+    # A bar of the studies back on stderr; the lines above it go through echo (stdout).
+    with bars.progress(
+        total=len(studies), desc="turnaround", unit="study", force=args.progress
+    ) as bar:
+        for n, files in enumerate(studies, start=1):
+            left = args.budget - (time.monotonic() - started)
+            if args.budget and results and left < 1.5 * longest:
+                bars.echo(
+                    f"  {left:.0f} s of the budget left: stopping after {len(results)} studies"
+                )
+                break
+            t = time.monotonic()
+            try:
+                results.append(_one(hospital, files, n, args))
+            except (RuntimeError, LookupError) as exc:
+                tail = "\n".join(hospital.daemon.log().splitlines()[-15:])
+                bars.echo(f"  study {n} FAILED: {exc}\n  the daemon's log ends:\n{tail}")
+                break
+            bar.update()
+            longest = max(longest, time.monotonic() - t)
     return results
 
 
@@ -182,18 +196,12 @@ def _one(hospital: Hospital, files: list[Path], n: int, args: argparse.Namespace
         raise RuntimeError(f"study {n}: {'; '.join(results.problems())}")
     stages = read_stages(hospital.database_url, uid)
     name, seconds = stages.slowest
-    print(
+    bars.echo(
         f"  study {n}/{args.studies}: {stages.turnaround_s:.1f} s "
         f"(report on the API after {stages.report_s:.1f} s; slowest: {label(name)} "
-        f"{seconds:.1f} s)",
-        flush=True,
+        f"{seconds:.1f} s)"
     )
     return stages
-
-
-def percentile(values: list[float], q: float) -> float:
-    """The q-th percentile, interpolated linearly between the measured values."""
-    return float(np.percentile(np.asarray(values, dtype=float), q))
 
 
 def _print(results: list[StudyStages], bare: float, setup: str, args: argparse.Namespace) -> None:
@@ -205,31 +213,31 @@ def _print(results: list[StudyStages], bare: float, setup: str, args: argparse.N
         f"the PACS; {setup}; idle timers {options.series_idle_s:g}/{options.study_idle_s:g} s, "
         f"completed by: {completions}"
     )
-    print("from the last instance received to SEG+SR stored in PACS (p95 interpolated)")
+    print("from the last instance received to SEG+SR stored in PACS (p95 nearest-rank)")
     print(f"{'stage':<40} {'p50 s':>7} {'p95 s':>7} {'share':>6}")
     stages = list(dict.fromkeys(k for r in results for k in r.stages))
     total = sum(r.turnaround_s for r in results)
     for stage in stages:
         values = [r.stages.get(stage, 0.0) for r in results]
         print(
-            f"{label(stage):<40} {percentile(values, 50):>7.2f} {percentile(values, 95):>7.2f} "
+            f"{label(stage):<40} {quantile(values, 0.5):>7.2f} {quantile(values, 0.95):>7.2f} "
             f"{sum(values) / total:>6.0%}"
         )
     turnaround = [r.turnaround_s for r in results]
     reports = [r.report_s for r in results]
-    print(f"{'turnaround (SEG+SR in PACS)':<40} {percentile(turnaround, 50):>7.2f} "
-          f"{percentile(turnaround, 95):>7.2f}")  # fmt: skip
-    print(f"{'report on the RIS API':<40} {percentile(reports, 50):>7.2f} "
-          f"{percentile(reports, 95):>7.2f}")  # fmt: skip
+    print(f"{'turnaround (SEG+SR in PACS)':<40} {quantile(turnaround, 0.5):>7.2f} "
+          f"{quantile(turnaround, 0.95):>7.2f}")  # fmt: skip
+    print(f"{'report on the RIS API':<40} {quantile(reports, 0.5):>7.2f} "
+          f"{quantile(reports, 0.95):>7.2f}")  # fmt: skip
     print(f"{'peer: bare analysis, one study':<40} {bare:>7.2f}")
 
 
 def headline(results: list[StudyStages], bare: float, args: argparse.Namespace) -> str:
     """p50/p95 against the goal, the slowest stage by its median, and the peer."""
     turnaround = [r.turnaround_s for r in results]
-    p50, p95 = percentile(turnaround, 50), percentile(turnaround, 95)
+    p50, p95 = quantile(turnaround, 0.5), quantile(turnaround, 0.95)
     medians = {
-        stage: percentile([r.stages.get(stage, 0.0) for r in results], 50)
+        stage: quantile([r.stages.get(stage, 0.0) for r in results], 0.5)
         for stage in results[0].stages
     }
     slowest = max(medians, key=lambda k: medians[k])

@@ -7,6 +7,7 @@ import sys
 import time
 from pathlib import Path
 
+from imaging_ai import progress as bars
 from imaging_ai_devkit.phantom.dicom import PRIORITIES, default_accession, write_study
 from imaging_ai_devkit.phantom.generate import generate
 from imaging_ai_devkit.phantom.spec import KERNELS, PATIENT_SIZES, PhantomSpec
@@ -59,6 +60,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="AccessionNumber, at most 16 characters (default from the seed)",
     )
     _add_realism_arguments(parser.add_argument_group("realism"))
+    bars.add_argument(parser)
 
 
 def _add_realism_arguments(realism: argparse._ArgumentGroup) -> None:
@@ -140,7 +142,9 @@ def spec_from_args(args: argparse.Namespace) -> PhantomSpec:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Generate and write the study; print one summary line without patient identity.
+    """Generate and write the study; print one summary line without patient identity (stdout),
+    with bars of the slices rendered and written on stderr where it is a terminal or
+    ``--progress`` asks.
 
     Parameters
     ----------
@@ -155,9 +159,18 @@ def run(args: argparse.Namespace) -> int:
     start = time.perf_counter()
     try:
         spec = spec_from_args(args)
-        vol = generate(spec)
+        # Bars of the slices rendered, then written, on stderr (see imaging_ai.progress).
+        render = bars.progress(
+            total=spec.slices, desc="phantom render", unit="slice", force=args.progress
+        )
+        with render:
+            vol = generate(spec, done=render.update)
         accession = args.accession or default_accession(spec.seed)
-        write_study(vol, args.outdir, args.priority, accession)
+        written = bars.progress(
+            total=len(vol.indices), desc="phantom write", unit="slice", force=args.progress
+        )
+        with written:
+            write_study(vol, args.outdir, args.priority, accession, done=written.update)
     except ValueError as err:
         print(f"imaging-ai phantom: error: {err}", file=sys.stderr)
         return 2

@@ -13,7 +13,7 @@ from pydicom.uid import UID, CTImageStorage, ExplicitVRLittleEndian, generate_ui
 
 import imaging_ai
 from imaging_ai_devkit.phantom.generate import PhantomVolume, spec_kernel
-from imaging_ai_devkit.phantom.parallel import for_spans
+from imaging_ai_devkit.phantom.parallel import Done, for_spans
 from imaging_ai_devkit.phantom.scanner import KERNEL_NAMES, PADDING_HU
 from imaging_ai_devkit.phantom.structures import COUNT, STRUCTURE_NAMES
 
@@ -184,6 +184,7 @@ def write_study(
     accession: str | None = None,
     study_datetime: dt.datetime | None = None,
     workers: int | None = None,
+    done: Done | None = None,
 ) -> Path:
     """Write the volume as a CT series under ``outdir/dicom`` and its truth as ``outdir/truth.npz``.
 
@@ -201,6 +202,8 @@ def write_study(
         Study date and time; default derived from the seed, so output is reproducible.
     workers : int, optional
         Processes writing files; default one per available CPU.
+    done : callable, optional
+        Told the number of slices each time some are written (a progress bar's ``update``).
 
     Returns
     -------
@@ -232,7 +235,7 @@ def write_study(
             ds.PixelData = stored_pixels(vol.hu[i]).tobytes()
             ds.save_as(folder / f"CT{k + 1:06d}.dcm", enforce_file_format=True)
 
-    for_spans(write, len(vol.indices), workers)
+    for_spans(write, len(vol.indices), workers, done)
     write_truth(vol, out / "truth.npz")
     return out
 

@@ -12,7 +12,7 @@ import numpy.typing as npt
 
 from imaging_ai_devkit.phantom.canvas import Canvas, Grid, Planes
 from imaging_ai_devkit.phantom.nodules import Nodule, NodulePainter, place_nodules
-from imaging_ai_devkit.phantom.parallel import for_spans, shared_array, worker_count
+from imaging_ai_devkit.phantom.parallel import Done, for_spans, shared_array, worker_count
 from imaging_ai_devkit.phantom.patient import Patient, draw_patient, drawn_spec, rng_for
 from imaging_ai_devkit.phantom.scanner import Scanner, default_noise, subslice_offsets, tuned
 from imaging_ai_devkit.phantom.scene import Scene, build_scene, lung_box
@@ -219,7 +219,10 @@ class Renderer:
 
 
 def generate(
-    spec: PhantomSpec, slices: Sequence[int] | None = None, workers: int | None = None
+    spec: PhantomSpec,
+    slices: Sequence[int] | None = None,
+    workers: int | None = None,
+    done: Done | None = None,
 ) -> PhantomVolume:
     """Generate the phantom study of ``spec`` in memory.
 
@@ -233,6 +236,8 @@ def generate(
     workers : int, optional
         Processes to render with; default one per available CPU (at most 8). Output does not
         depend on it.
+    done : callable, optional
+        Told the number of slices each time some are rendered (a progress bar's ``update``).
 
     Returns
     -------
@@ -259,7 +264,7 @@ def generate(
         for i in range(start, stop):
             renderer.render(int(indices[i]), hu[i], labels[i], nodule[i], structures[i])
 
-    for_spans(render, len(indices), workers)
+    for_spans(render, len(indices), workers, done)
     nodules = scene.nodules.nodules
     return PhantomVolume(
         spec, p, hu, labels, nodule, nodules, indices, geo, scanner.noise_hu, structures

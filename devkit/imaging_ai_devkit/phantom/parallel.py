@@ -16,6 +16,8 @@ import numpy as np
 import numpy.typing as npt
 
 Task = Callable[[int, int], None]
+Done = Callable[[int], object]
+"""Told the number of items just finished (``tqdm.update`` returns a bool, hence object)."""
 MIN_ITEMS_PER_WORKER = 8
 """Below this many items per worker, forking costs more than it saves."""
 SPAN = 4
@@ -44,13 +46,14 @@ def worker_count(items: int, workers: int | None) -> int:
     return max(1, min(workers or default_workers(), items // MIN_ITEMS_PER_WORKER))
 
 
-def _run(span: tuple[int, int]) -> None:
-    """Worker side: run the inherited task on one span."""
+def _run(span: tuple[int, int]) -> int:
+    """Worker side: run the inherited task on one span; the items it did."""
     assert _task is not None, "forked without a task"
     _task(*span)
+    return span[1] - span[0]
 
 
-def for_spans(task: Task, items: int, workers: int | None = None) -> None:
+def for_spans(task: Task, items: int, workers: int | None = None, done: Done | None = None) -> None:
     """Call ``task(start, stop)`` over ``range(items)``, in forked workers when it pays.
 
     Parameters
@@ -61,16 +64,26 @@ def for_spans(task: Task, items: int, workers: int | None = None) -> None:
         Number of items.
     workers : int, optional
         Processes; default :func:`default_workers`.
+    done : callable, optional
+        Called in this process with the number of items of each span as it finishes (a
+        progress bar's ``update``); in this process too the items then go span by span.
     """
     global _task
     count = worker_count(items, workers)
-    if count <= 1:
-        task(0, items)
-        return
     spans = [(i, min(i + SPAN, items)) for i in range(0, items, SPAN)]
+    if count <= 1:
+        if done is None:
+            task(0, items)
+            return
+        for start, stop in spans:
+            task(start, stop)
+            done(stop - start)
+        return
     _task = task
     try:
         with multiprocessing.get_context("fork").Pool(count) as pool:
-            pool.map(_run, spans, chunksize=1)
+            for finished in pool.imap_unordered(_run, spans, chunksize=1):
+                if done is not None:
+                    done(finished)
     finally:
         _task = None
