@@ -32,7 +32,7 @@ from imaging_ai.postprocess import (
     organ_volumes_ml,
     segment_reported,
 )
-from imaging_ai.preprocess import PreprocessSpec, prepare_slices, resize_back
+from imaging_ai.preprocess import prepare_slices, resize_back
 from imaging_ai.volume import Volume, group_series, load_series, pick_series
 
 RIGHT_LUNG_CODE = "3341006"
@@ -71,24 +71,9 @@ class Analysis:
         }
 
 
-def spec_from_card(card: ModelCard) -> PreprocessSpec:
-    """The preprocessing a card asks for."""
-    p = card.preprocess
-    return PreprocessSpec(
-        window_center=p.window_center,
-        window_width=p.window_width,
-        normalise=p.normalise,
-        denoise=p.denoise,
-        denoise_sigma_mm=p.denoise_sigma_mm,
-        input_size=(card.input.height, card.input.width),
-        context_slices=card.input.context_slices,
-        context_spacing_mm=card.input.context_spacing_mm,
-    )
-
-
 def model_outputs(model: LoadedModel, volume: Volume) -> NDArray[np.float32]:
     """Run a model over every slice; its outputs on the model's grid, (slices, C, h, w)."""
-    inputs = prepare_slices(volume, spec_from_card(model.card))
+    inputs = prepare_slices(volume, model.card.preprocess)
     batch = model.engine.max_batch_size
     parts = [model.engine.infer(inputs[i : i + batch]) for i in range(0, len(inputs), batch)]
     # The daemon's engines take a whole study at once: no copy of its outputs (up to 90 MB).

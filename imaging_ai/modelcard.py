@@ -4,6 +4,14 @@ A model card says what a model takes, what it gives and what it is worth: its in
 the preprocessing the pipeline must apply, the meaning of every output channel (with SNOMED CT
 codes for DICOM SEG/SR), thresholds, measured quality and where the training data came from.
 `engines/README.md` shows a complete card and documents every key.
+
+The schema is the dataclasses below: their types and ranges are checked by pydantic (a TOML
+table becomes its dataclass; unknown keys, wrong types and values out of range are refused,
+naming the file, the key and the value). Checks that are a card's own (the name, SNOMED CT
+codes, labels against the output, channels against context slices, a [patch] only on a
+classifier) are coded by hand in ``_build``, which also turns the card's ``[preprocess]`` and
+its input's size and context into the one :class:`~imaging_ai.preprocess.PreprocessSpec` the
+pipeline applies. The dataclasses stay plain frozen dataclasses, built and replaced as before.
 """
 
 from __future__ import annotations
@@ -12,35 +20,61 @@ import hashlib
 import re
 import tomllib
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, fields, is_dataclass, replace
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any, Literal, NoReturn, cast
+from typing import Annotated, Any, Literal, NoReturn, get_args, get_type_hints
+
+from pydantic import (
+    ConfigDict,
+    Field,
+    PlainValidator,
+    StrictBool,
+    StrictFloat,
+    StrictInt,
+    StrictStr,
+    TypeAdapter,
+    ValidationError,
+)
+from pydantic_core import ErrorDetails
 
 from imaging_ai.errors import ModelError
+from imaging_ai.preprocess import Normalise, PreprocessSpec
 
 # "classification": a candidate classifier, which decides on each candidate lesion the detector
 # proposed from a 3-D patch around it (LUNA16's false-positive reduction stage).
 Task = Literal["segmentation", "detection", "classification"]
-TASKS: tuple[Task, ...] = ("segmentation", "detection", "classification")
 OutputKind = Literal["softmax", "sigmoid", "logits"]
-Normalise = Literal["minmax", "zscore"]
-Denoise = Literal["none", "gaussian", "median"]
 QualityValue = float | int | str
 
 CARD_FILE = "model.toml"
 ONNX_FILE = "model.onnx"
 _NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}$")
-_MISSING = object()
+# Every table of a card: unknown keys are refused, so a misspelt `threshhold` cannot silently
+# fall back to a default.
+_TABLE = ConfigDict(extra="forbid")
+
+
+def _quality_value(value: Any) -> QualityValue:
+    """A ``[quality]`` figure: a number or a string, never a table, an array or a bool."""
+    if isinstance(value, bool) or not isinstance(value, int | float | str):
+        raise ValueError("expected a number or a string")
+    return value
+
+
+Text = Annotated[StrictStr, Field(pattern=r"\S")]  # a string that is not blank
+Quality = Annotated[QualityValue, PlainValidator(_quality_value)]
 
 
 @dataclass(frozen=True)
 class CodedConcept:
     """A coded concept as DICOM writes it: (code value, coding scheme designator, meaning)."""
 
-    code: str
-    scheme: str
-    meaning: str
+    __pydantic_config__ = _TABLE
+
+    code: Text
+    scheme: Text
+    meaning: Text
 
 
 @dataclass(frozen=True)
@@ -70,54 +104,55 @@ class PatchSpec:
     input channel, each channel the same candidate at its own scale (field of view = patch size
     times spacing), centred on the candidate."""
 
-    spacing_mm: tuple[float, ...]
+    __pydantic_config__ = _TABLE
 
-
-@dataclass(frozen=True)
-class PreprocessSpec:
-    """Preprocessing the pipeline applies before inference: HU window, normalisation, denoise."""
-
-    window_center: float
-    window_width: float
-    normalise: Normalise
-    denoise: Denoise = "none"
-    denoise_sigma_mm: float = 0.0
+    spacing_mm: tuple[Annotated[StrictFloat, Field(gt=0.0)], ...]
 
 
 @dataclass(frozen=True)
 class OutputSpec:
     """The output tensor the pipeline reads: name, activation kind and channel count."""
 
-    name: str
+    __pydantic_config__ = _TABLE
+
+    name: Text
     kind: OutputKind
-    channels: int
+    channels: Annotated[StrictInt, Field(ge=1)]
 
 
 @dataclass(frozen=True)
 class Label:
     """One output class: its segment number, output channel, codes and threshold."""
 
-    value: int
-    channel: int
-    name: str
+    __pydantic_config__ = _TABLE
+
+    value: Annotated[StrictInt, Field(ge=1)]
+    channel: Annotated[StrictInt, Field(ge=0)]
+    name: Text
     category: CodedConcept
     type: CodedConcept
-    threshold: float
+    threshold: StrictFloat
     anatomic_region: CodedConcept | None = None
-    min_volume_mm3: float = 0.0
+    min_volume_mm3: Annotated[StrictFloat, Field(ge=0.0)] = 0.0
 
 
 @dataclass(frozen=True)
 class Provenance:
     """Where the training data came from, and whether the project ships this model."""
 
-    training_data: str
-    shipped: bool = False
+    __pydantic_config__ = _TABLE
+
+    training_data: Text
+    shipped: StrictBool = False
 
 
 @dataclass(frozen=True)
 class ModelCard:
-    """A validated model card plus the identity (path, sha256) of the ONNX file beside it."""
+    """A validated model card plus the identity (path, sha256) of the ONNX file beside it.
+
+    ``preprocess`` is the spec the pipeline applies as it stands: the card's ``[preprocess]``
+    with the input size and context of ``input`` (replace both together).
+    """
 
     name: str
     version: str
@@ -148,63 +183,66 @@ class ModelCard:
         return (i.channels, i.height, i.width)
 
 
-class _Table:
-    """A TOML table with its place in the file, so every error names file, key and value."""
+@dataclass(frozen=True)
+class _Input:
+    """``[input]`` as written: ``size`` is [height, width], or [depth, height, width] for a
+    classifier's patches; ``layout`` left out is the task's own."""
 
-    def __init__(self, data: Mapping[str, object], where: str, source: Path) -> None:
-        self.data, self.where, self.source = data, where, source
+    __pydantic_config__ = _TABLE
 
-    def fail(self, key: str, value: object, why: str) -> NoReturn:
-        raise ModelError(f"{self.source}: {self.where}{key} = {value!r}: {why}")
+    name: Text
+    size: tuple[Annotated[StrictInt, Field(gt=0)], ...]
+    channels: Annotated[StrictInt, Field(ge=1)] = 1
+    dtype: Literal["float32"] = "float32"
+    layout: Literal["NCHW", "NCDHW"] | None = None
+    context_slices: Annotated[StrictInt, Field(ge=0)] = 0
+    context_spacing_mm: Annotated[StrictFloat, Field(ge=0.0)] = 0.0
 
-    def get(self, key: str, default: object = _MISSING) -> object:
-        if key in self.data:
-            return self.data[key]
-        if default is _MISSING:
-            raise ModelError(f"{self.source}: {self.where}{key} is missing")
-        return default
 
-    def text(self, key: str, default: object = _MISSING) -> str:
-        value = self.get(key, default)
-        if not isinstance(value, str) or not value.strip():
-            self.fail(key, value, "expected a non-empty string")
-        return value
+@dataclass(frozen=True)
+class _Preprocess:
+    """``[preprocess]`` as written: the part of :class:`PreprocessSpec` the card states; the
+    input size and context come from ``[input]``. A card denoises with none, gaussian or
+    median."""
 
-    def integer(self, key: str, minimum: int, default: object = _MISSING) -> int:
-        value = self.get(key, default)
-        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-            self.fail(key, value, f"expected an integer >= {minimum}")
-        return value
+    __pydantic_config__ = _TABLE
 
-    def number(self, key: str, default: object = _MISSING) -> float:
-        value = self.get(key, default)
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            self.fail(key, value, "expected a number")
-        return float(value)
+    window_center: StrictFloat
+    window_width: Annotated[StrictFloat, Field(gt=0.0)]
+    normalise: Normalise
+    denoise: Literal["none", "gaussian", "median"] = "none"
+    denoise_sigma_mm: StrictFloat = 0.0
 
-    def flag(self, key: str, default: object = _MISSING) -> bool:
-        value = self.get(key, default)
-        if not isinstance(value, bool):
-            self.fail(key, value, "expected true or false")
-        return value
 
-    def choice(self, key: str, options: tuple[str, ...], default: object = _MISSING) -> str:
-        value = self.get(key, default)
-        if value not in options:
-            self.fail(key, value, f"expected one of {', '.join(options)}")
-        return value
+@dataclass(frozen=True)
+class _Card:
+    """A ``model.toml`` as written, its types and ranges checked; ``_build`` does the rest."""
 
-    def table(self, key: str, where: str | None = None) -> _Table:
-        value = self.get(key)
-        if not isinstance(value, dict):
-            self.fail(key, value, "expected a table")
-        return _Table(value, where if where is not None else f"[{key}] ", self.source)
+    __pydantic_config__ = _TABLE
 
-    def only(self, *allowed: str) -> None:
-        """Refuse unknown keys: a misspelt `threshhold` must not silently fall back to a default."""
-        for key in self.data:
-            if key not in allowed:
-                self.fail(key, self.data[key], f"unknown key; expected one of {', '.join(allowed)}")
+    name: Text
+    version: Text
+    task: Task
+    description: Text
+    input: _Input
+    preprocess: _Preprocess
+    output: OutputSpec
+    labels: tuple[Label, ...]
+    quality: dict[str, Quality]
+    provenance: Provenance
+    patch: PatchSpec | None = None
+
+
+_SCHEMA = TypeAdapter(_Card)
+
+
+class _Refused(Exception):
+    """A value the hand checks refuse; ``parse_model_card`` adds the file."""
+
+
+def _refuse(key: str, value: object, why: str) -> NoReturn:
+    """Refuse a value in the words the schema's refusals use: ``key = value: why``."""
+    raise _Refused(f"{key} = {value!r}: {why}")
 
 
 def load_model_card(folder: Path) -> ModelCard:
@@ -254,203 +292,213 @@ def parse_model_card(data: Mapping[str, object], source: Path) -> ModelCard:
     -------
     ModelCard
         The validated card.
+
+    Raises
+    ------
+    ModelError
+        Naming the file, each refused key and its value.
     """
-    top = _Table(data, "", source)
-    sections = ("input", "preprocess", "output", "labels", "quality", "provenance", "patch")
-    top.only("name", "version", "task", "description", *sections)
-    name = top.text("name")
-    if not _NAME_RE.match(name):
-        top.fail("name", name, "expected lower-case letters, digits, '.', '_' or '-' (max 64)")
-    output = _parse_output(top.table("output"))
-    task = cast(Task, top.choice("task", TASKS))
-    spec = _parse_input(top.table("input"), patch=task == "classification")
+    try:
+        return _build(_SCHEMA.validate_python(data), source)
+    except ValidationError as exc:
+        why = "; ".join(_describe(e) for e in exc.errors())
+    except _Refused as exc:
+        why = str(exc)
+    raise ModelError(f"{source}: {why}")
+
+
+# What a value must be, by pydantic's error type, in the words of a TOML file.
+_EXPECTED = {
+    "string_type": "expected a non-empty string",
+    "string_pattern_mismatch": "expected a non-empty string",
+    "int_type": "expected an integer",
+    "float_type": "expected a number",
+    "bool_type": "expected true or false",
+    "tuple_type": "expected an array",
+    "dict_type": "expected a table",
+    "dataclass_type": "expected a table",
+}
+_BOUNDS = {
+    "greater_than": ">",
+    "greater_than_equal": ">=",
+    "less_than": "<",
+    "less_than_equal": "<=",
+}
+
+
+def _describe(error: ErrorDetails) -> str:
+    """One refused value in words that name its key: ``[input] channels = 0: expected an
+    integer >= 1``, ``[[labels]][1] threshhold = 0.5: unknown key; expected one of ...``."""
+    loc, kind, ctx = error["loc"], error["type"], error.get("ctx", {})
+    if kind == "missing":
+        return f"{_key(loc)} is missing"
+    if kind == "unexpected_keyword_argument":
+        why = f"unknown key; expected one of {', '.join(_keys_of(loc[:-1]))}"
+    elif kind in _BOUNDS:
+        bound = next(iter(ctx.values()))
+        number = "an integer" if isinstance(bound, int) else "a number"
+        why = f"expected {number} {_BOUNDS[kind]} {bound:g}"
+    elif kind == "literal_error":
+        why = f"expected one of {ctx['expected']}"
+    elif kind == "value_error":
+        why = str(ctx["error"])
+    else:
+        why = _EXPECTED.get(kind, error["msg"])
+    return f"{_key(loc)} = {error['input']!r}: {why}"
+
+
+def _key(loc: tuple[int | str, ...]) -> str:
+    """A key as a card writes it: ``task``, ``[input] size[1]``, ``[[labels]][0] type.code``."""
+    head, rest = str(loc[0]), loc[1:]
+    if rest and isinstance(rest[0], int):
+        head, rest = f"[[{head}]][{rest[0]}]", rest[1:]
+    elif rest:
+        head = f"[{head}]"
+    path = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in rest).lstrip(".")
+    return f"{head} {path}".rstrip()
+
+
+def _keys_of(loc: tuple[int | str, ...]) -> list[str]:
+    """The keys the table at ``loc`` takes, to name them when an unknown one is refused."""
+    table: Any = _Card
+    for part in loc:
+        if isinstance(part, str):  # an index into an array of tables keeps the table's type
+            hint = get_type_hints(table)[part]
+            table = next((arg for arg in get_args(hint) if is_dataclass(arg)), hint)
+    return [f.name for f in fields(table)]
+
+
+def _build(card: _Card, source: Path) -> ModelCard:
+    """The checks a schema cannot state, then the card as the pipeline reads it."""
+    if not _NAME_RE.match(card.name):
+        why = "expected lower-case letters, digits, '.', '_' or '-' (max 64)"
+        _refuse("name", card.name, why)
+    spec = _patch_input(card.input) if card.task == "classification" else _slice_input(card.input)
+    _check_preprocess(card.preprocess)
+    _check_labels(card.labels, card.output)
+    _check_provenance(card.provenance)
     return ModelCard(
-        name=name,
-        version=top.text("version"),
-        task=task,
-        description=top.text("description"),
+        name=card.name,
+        version=card.version,
+        task=card.task,
+        description=card.description,
         input=spec,
-        preprocess=_parse_preprocess(top.table("preprocess")),
-        output=output,
-        labels=_parse_labels(top, output),
-        quality=_parse_quality(top.table("quality")),
-        provenance=_parse_provenance(top.table("provenance")),
+        # One spec: the card's [preprocess] keys are PreprocessSpec's own.
+        preprocess=PreprocessSpec(
+            **asdict(card.preprocess),
+            input_size=(spec.height, spec.width),
+            context_slices=spec.context_slices,
+            context_spacing_mm=spec.context_spacing_mm,
+        ),
+        output=card.output,
+        labels=card.labels,
+        quality=MappingProxyType(card.quality),
+        provenance=card.provenance,
         folder=source.parent,
         sha256="",
-        patch=_parse_patch(top, spec) if task == "classification" else _no_patch(top),
+        patch=_patch(card, spec),
     )
 
 
-def _no_patch(top: _Table) -> PatchSpec | None:
-    if "patch" in top.data:
-        top.fail("patch", top.data["patch"], 'only a task = "classification" card has a [patch]')
-    return None
-
-
-def _parse_patch(top: _Table, spec: InputSpec) -> PatchSpec:
-    t = top.table("patch")
-    t.only("spacing_mm")
-    spacing = t.get("spacing_mm")
-    if (
-        not isinstance(spacing, list)
-        or len(spacing) != spec.channels
-        or not all(_positive(v) for v in spacing)
-    ):
-        why = f"expected {spec.channels} positive spacings in mm, one per input channel"
-        t.fail("spacing_mm", spacing, why)
-    return PatchSpec(tuple(float(v) for v in spacing))
-
-
-def _positive(value: object) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool) and value > 0
-
-
-def _parse_input(t: _Table, *, patch: bool = False) -> InputSpec:
-    t.only("name", "channels", "size", "dtype", "layout", "context_slices", "context_spacing_mm")
-    if patch:
-        return _parse_patch_input(t)
-    size = t.get("size")
-    if (
-        not isinstance(size, list)
-        or len(size) != 2
-        or not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in size)
-    ):
-        t.fail("size", size, "expected [height, width], two positive integers")
-    t.choice("dtype", ("float32",), "float32")
-    t.choice("layout", ("NCHW",), "NCHW")
-    channels, context = t.integer("channels", 1, 1), t.integer("context_slices", 0, 0)
-    if channels != 2 * context + 1:  # the pipeline makes channels only from neighbouring slices
-        why = f"context_slices = {context} gives {2 * context + 1} channel(s): the slice and "
-        t.fail("channels", channels, why + f"{context} neighbour(s) on each side")
-    spacing = t.number("context_spacing_mm", 0.0)
-    if spacing < 0 or (spacing and not context):
-        t.fail("context_spacing_mm", spacing, "expected >= 0 mm, with context_slices >= 1")
+def _slice_input(t: _Input) -> InputSpec:
+    """A slice model's input: [height, width], channels made only from neighbouring slices."""
+    if len(t.size) != 2:
+        _refuse("[input] size", list(t.size), "expected [height, width], two positive integers")
+    if t.layout not in (None, "NCHW"):
+        _refuse("[input] layout", t.layout, "expected NCHW: slices, (N, C, H, W)")
+    if t.channels != 2 * t.context_slices + 1:
+        k = t.context_slices
+        why = f"context_slices = {k} gives {2 * k + 1} channel(s): the slice and "
+        _refuse("[input] channels", t.channels, why + f"{k} neighbour(s) on each side")
+    if t.context_spacing_mm and not t.context_slices:
+        why = "expected >= 0 mm, with context_slices >= 1"
+        _refuse("[input] context_spacing_mm", t.context_spacing_mm, why)
+    height, width = t.size
     return InputSpec(
-        t.text("name"), channels, size[0], size[1],
-        context_slices=context, context_spacing_mm=spacing,
+        t.name, t.channels, height, width,
+        context_slices=t.context_slices, context_spacing_mm=t.context_spacing_mm,
     )  # fmt: skip
 
 
-def _parse_patch_input(t: _Table) -> InputSpec:
+def _patch_input(t: _Input) -> InputSpec:
     """A candidate classifier's input: channels of 3-D patches, [depth, height, width] voxels."""
-    size = t.get("size")
-    if (
-        not isinstance(size, list)
-        or len(size) != 3
-        or not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in size)
-    ):
-        t.fail("size", size, "expected [depth, height, width], three positive integers")
-    t.choice("dtype", ("float32",), "float32")
-    t.choice("layout", ("NCDHW",), "NCDHW")
+    if len(t.size) != 3:
+        why = "expected [depth, height, width], three positive integers"
+        _refuse("[input] size", list(t.size), why)
+    if t.layout not in (None, "NCDHW"):
+        _refuse("[input] layout", t.layout, "expected NCDHW: 3-D patches, (N, C, D, H, W)")
     for key in ("context_slices", "context_spacing_mm"):
-        if key in t.data:
-            t.fail(key, t.data[key], "a 3-D patch has no context slices")
-    depth, height, width = size
-    return InputSpec(
-        t.text("name"), t.integer("channels", 1, 1), height, width, layout="NCDHW", depth=depth
-    )
+        if getattr(t, key):
+            _refuse(f"[input] {key}", getattr(t, key), "a 3-D patch has no context slices")
+    depth, height, width = t.size
+    return InputSpec(t.name, t.channels, height, width, layout="NCDHW", depth=depth)
 
 
-def _parse_preprocess(t: _Table) -> PreprocessSpec:
-    t.only("window_center", "window_width", "normalise", "denoise", "denoise_sigma_mm")
-    width = t.number("window_width")
-    if width <= 0:
-        t.fail("window_width", width, "expected a positive width in HU")
-    denoise = t.choice("denoise", ("none", "gaussian", "median"), "none")
-    sigma = t.number("denoise_sigma_mm", 0.0)
-    if denoise == "none" and sigma != 0:
-        t.fail("denoise_sigma_mm", sigma, 'set denoise too, or leave the sigma out for "none"')
-    if denoise != "none" and sigma <= 0:
-        t.fail("denoise_sigma_mm", sigma, f"denoise = {denoise!r} needs a positive sigma in mm")
-    return PreprocessSpec(
-        window_center=t.number("window_center"),
-        window_width=width,
-        normalise=cast(Normalise, t.choice("normalise", ("minmax", "zscore"))),
-        denoise=cast(Denoise, denoise),
-        denoise_sigma_mm=sigma,
-    )
+def _patch(card: _Card, spec: InputSpec) -> PatchSpec | None:
+    """A classifier's [patch], one spacing per input channel; no other card has one."""
+    if card.task != "classification":
+        if card.patch is not None:
+            why = 'only a task = "classification" card has a [patch]'
+            _refuse("[patch] spacing_mm", list(card.patch.spacing_mm), why)
+        return None
+    if card.patch is None:
+        raise _Refused("patch is missing")
+    if len(card.patch.spacing_mm) != spec.channels:
+        why = f"expected {spec.channels} positive spacings in mm, one per input channel"
+        _refuse("[patch] spacing_mm", list(card.patch.spacing_mm), why)
+    return card.patch
 
 
-def _parse_output(t: _Table) -> OutputSpec:
-    t.only("name", "kind", "channels")
-    kind = cast(OutputKind, t.choice("kind", ("softmax", "sigmoid", "logits")))
-    channels = t.integer("channels", 2 if kind == "softmax" else 1)
-    return OutputSpec(t.text("name"), kind, channels)
+def _check_preprocess(p: _Preprocess) -> None:
+    """A sigma goes with a denoise other than none, and only with one."""
+    if p.denoise == "none" and p.denoise_sigma_mm != 0:
+        why = 'set denoise too, or leave the sigma out for "none"'
+        _refuse("[preprocess] denoise_sigma_mm", p.denoise_sigma_mm, why)
+    if p.denoise != "none" and p.denoise_sigma_mm <= 0:
+        why = f"denoise = {p.denoise!r} needs a positive sigma in mm"
+        _refuse("[preprocess] denoise_sigma_mm", p.denoise_sigma_mm, why)
 
 
-def _parse_labels(top: _Table, output: OutputSpec) -> tuple[Label, ...]:
-    raw = top.get("labels")
-    if not isinstance(raw, list) or not raw or not all(isinstance(v, dict) for v in raw):
-        top.fail("labels", raw, "expected one or more [[labels]] tables")
-    labels = tuple(
-        _parse_label(_Table(entry, f"[[labels]][{i}] ", top.source), output)
-        for i, entry in enumerate(raw)
-    )
+def _check_labels(labels: tuple[Label, ...], output: OutputSpec) -> None:
+    """One or more labels, each reading a channel the output has, with a threshold its kind can
+    reach; values, channels and names are each used once; SNOMED CT codes are digits."""
+    if not labels:
+        _refuse("labels", [], "expected one or more [[labels]] tables")
+    if output.kind == "softmax" and output.channels < 2:
+        _refuse("[output] channels", output.channels, "expected an integer >= 2 for softmax")
+    for i, label in enumerate(labels):
+        _check_label(f"[[labels]][{i}] ", label, output)
     for attr in ("value", "channel", "name"):
         seen: set[object] = set()
         for i, label in enumerate(labels):
             value = getattr(label, attr)
             if value in seen:
-                top.fail(f"labels[{i}].{attr}", value, "used by an earlier label")
+                _refuse(f"labels[{i}].{attr}", value, "used by an earlier label")
             seen.add(value)
-    return labels
 
 
-def _parse_label(t: _Table, output: OutputSpec) -> Label:
-    optional = ("anatomic_region", "min_volume_mm3")
-    t.only("value", "channel", "name", "threshold", "category", "type", *optional)
+def _check_label(where: str, label: Label, output: OutputSpec) -> None:
+    """One label against the output it reads (``where`` names it: ``[[labels]][0] ``)."""
     first = 1 if output.kind == "softmax" else 0
-    channel = t.integer("channel", 0)
-    if not first <= channel < output.channels:
+    if not first <= label.channel < output.channels:
         why = (
             f"expected {first}..{output.channels - 1} for {output.channels} {output.kind} channels"
         )
-        t.fail("channel", channel, why + (" (0 is background)" if first else ""))
-    threshold = t.number("threshold")
-    if output.kind != "logits" and not 0 < threshold <= 1:
-        t.fail("threshold", threshold, f"expected a probability in (0, 1] for {output.kind}")
-    region = t.get("anatomic_region", None)
-    min_volume = t.number("min_volume_mm3", 0.0)
-    if min_volume < 0:
-        t.fail("min_volume_mm3", min_volume, "expected a volume >= 0")
-    return Label(
-        value=t.integer("value", 1),
-        channel=channel,
-        name=t.text("name"),
-        category=_parse_concept(t, "category"),
-        type=_parse_concept(t, "type"),
-        threshold=threshold,
-        anatomic_region=None if region is None else _parse_concept(t, "anatomic_region"),
-        min_volume_mm3=min_volume,
-    )
+        _refuse(f"{where}channel", label.channel, why + (" (0 is background)" if first else ""))
+    if output.kind != "logits" and not 0 < label.threshold <= 1:
+        why = f"expected a probability in (0, 1] for {output.kind}"
+        _refuse(f"{where}threshold", label.threshold, why)
+    for key in ("category", "type", "anatomic_region"):
+        concept = getattr(label, key)
+        if concept is not None and concept.scheme == "SCT" and not concept.code.isdigit():
+            _refuse(f"{where}{key}.code", concept.code, "a SNOMED CT (SCT) code is digits only")
 
 
-def _parse_concept(parent: _Table, key: str) -> CodedConcept:
-    t = parent.table(key, f"{parent.where}{key}.")
-    t.only("code", "scheme", "meaning")
-    code, scheme = t.text("code"), t.text("scheme")
-    if scheme == "SCT" and not code.isdigit():
-        t.fail("code", code, "a SNOMED CT (SCT) code is digits only")
-    return CodedConcept(code, scheme, t.text("meaning"))
-
-
-def _parse_quality(t: _Table) -> Mapping[str, QualityValue]:
-    out: dict[str, QualityValue] = {}
-    for key, value in t.data.items():
-        if isinstance(value, bool) or not isinstance(value, int | float | str):
-            t.fail(key, value, "expected a number or a string")
-        out[key] = value
-    return MappingProxyType(out)
-
-
-def _parse_provenance(t: _Table) -> Provenance:
-    t.only("training_data", "shipped")
-    training_data = t.text("training_data")
-    shipped = t.flag("shipped", False)
-    if shipped and "synthetic" not in training_data.lower():
+def _check_provenance(p: Provenance) -> None:
+    """A shipped model proves the pipeline, not a diagnosis: its card must say so."""
+    if p.shipped and "synthetic" not in p.training_data.lower():
         why = "a shipped model must say it was trained on synthetic phantoms"
-        t.fail("training_data", training_data, why)
-    return Provenance(training_data, shipped)
+        _refuse("[provenance] training_data", p.training_data, why)
 
 
 def file_sha256(path: Path) -> str:

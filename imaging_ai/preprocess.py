@@ -14,13 +14,15 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from types import ModuleType
-from typing import Any, Literal, TypeAlias, cast, get_args
+from typing import TYPE_CHECKING, Any, Literal, TypeAlias, cast, get_args
 
 import numpy as np
 from numpy.typing import NDArray
 
 from imaging_ai.errors import ModelError
-from imaging_ai.volume import Volume
+
+if TYPE_CHECKING:  # a type only: model cards import this module where pydicom is absent
+    from imaging_ai.volume import Volume
 
 Array: TypeAlias = Any  # numpy.ndarray on the CPU path, cupy.ndarray on the GPU path
 Normalise = Literal["minmax", "zscore"]

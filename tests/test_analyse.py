@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from imaging_ai.analyse import lung_labels, run_model, spec_from_card
+from imaging_ai.analyse import lung_labels, run_model
 from imaging_ai.infer.base import LoadedModel
 from imaging_ai.infer.ort import OrtBackend, OrtOptions
 from imaging_ai.modelcard import load_model_card, validate_against_onnx
@@ -106,7 +106,7 @@ def test_a_2_5d_model_gets_each_slice_with_its_neighbours(
 ) -> None:
     model, affine = _model(tmp_path, context, spacing_mm)
     volume = _volume(slices=9, slice_mm=1.0)  # more slices than the batch of 4
-    single = prepare_slices(volume, replace(spec_from_card(model.card), context_slices=0))
+    single = prepare_slices(volume, replace(model.card.preprocess, context_slices=0))
     rows = np.clip(np.arange(9)[:, None] + stride * np.arange(-context, context + 1), 0, 8)
     expected = _softmax_of_conv(single[:, 0][rows], affine)
     got = np.concatenate([probs for _, probs in run_model(model, volume)])
@@ -118,7 +118,7 @@ def test_a_single_slice_card_is_unchanged(tmp_path: Path) -> None:
     model, affine = _model(tmp_path, 0, 0.0)
     assert model.card.input_shape == (1, 16, 16)
     volume = _volume(slices=5, slice_mm=2.5)
-    x = prepare_slices(volume, spec_from_card(model.card))
+    x = prepare_slices(volume, model.card.preprocess)
     assert x.shape == (5, 1, 16, 16)
     got = np.concatenate([probs for _, probs in run_model(model, volume)])
     np.testing.assert_allclose(got, _softmax_of_conv(x, affine), atol=1e-5)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import tomllib
 from pathlib import Path
 from typing import Any
 
@@ -14,8 +15,10 @@ from imaging_ai.errors import ModelError
 from imaging_ai.modelcard import (
     discover_models,
     load_model_card,
+    parse_model_card,
     validate_against_onnx,
 )
+from imaging_ai.preprocess import PreprocessSpec
 from tests.fakes.onnx_models import write_conv_softmax_onnx
 
 # A realistic card, as a shipped reference model would carry it.
@@ -228,6 +231,108 @@ def test_each_invalid_value_is_named_with_file_key_and_value(
         load_model_card(folder)
     assert str(folder / "model.toml") in str(info.value)
     assert message in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "message"),
+    [
+        ("denoise_sigma_mm = 0.7", "denoise_sigma_mm = 0.7\nsharpen = 1",
+         "[preprocess] sharpen = 1: unknown key; expected one of window_center, window_width"),
+        ("channels = 3 ", "channels = 3\nbias = 0.0 ", "[output] bias = 0.0: unknown key"),
+        ('meaning = "Right lung" }', 'meaning = "Right lung", version = "1" }',
+         "[[labels]][0] type.version = '1': unknown key; expected one of code, scheme, meaning"),
+        ("shipped = true ", "shipped = true\nlicence = 'MIT' ", "[provenance] licence = 'MIT'"),
+        ('version = "0.1.0"', 'version = "0.1.0"\nauthor = "x"', "author = 'x': unknown key"),
+    ],
+)  # fmt: skip
+def test_an_unknown_key_is_refused_by_name(
+    tmp_path: Path, old: str, new: str, message: str
+) -> None:
+    assert old in EXAMPLE_CARD
+    with pytest.raises(ModelError, match="unknown key") as info:
+        load_model_card(write_model(tmp_path, EXAMPLE_CARD.replace(old, new, 1)))
+    assert message in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "message"),
+    [
+        ("channels = 1", 'channels = "1"', "[input] channels = '1': expected an integer"),
+        ("channels = 1", "channels = true", "[input] channels = True: expected an integer"),
+        ("size = [256, 256]", "size = [256, 2.5]", "[input] size[1] = 2.5: expected an integer"),
+        ("size = [256, 256]", "size = 256", "[input] size = 256: expected an array"),
+        ("window_center = -600.0", 'window_center = "lung"',
+         "[preprocess] window_center = 'lung': expected a number"),
+        ("shipped = true ", 'shipped = "yes" ', "[provenance] shipped = 'yes': expected true or"),
+        ('version = "0.1.0"', "version = 1", "version = 1: expected a non-empty string"),
+        ('version = "0.1.0"', 'version = "  "', "version = '  ': expected a non-empty string"),
+        ('category = { code = "91723000", scheme = "SCT", meaning = "Anatomical Structure" }\n'
+         'type = { code = "3341006"', 'category = "organ"\ntype = { code = "3341006"',
+         "[[labels]][0] category = 'organ': expected a table"),
+        ("test_set = ", "checked = true\ntest_set = ",
+         "[quality] checked = True: expected a number or a string"),
+    ],
+)  # fmt: skip
+def test_a_wrong_type_is_refused_by_name(tmp_path: Path, old: str, new: str, message: str) -> None:
+    assert old in EXAMPLE_CARD
+    with pytest.raises(ModelError) as info:
+        load_model_card(write_model(tmp_path, EXAMPLE_CARD.replace(old, new, 1)))
+    assert str(info.value).startswith(f"{tmp_path / 'lung-seg' / 'model.toml'}: ")
+    assert message in str(info.value)
+
+
+def test_every_refused_value_of_the_schema_is_named_at_once(tmp_path: Path) -> None:
+    card_text = EXAMPLE_CARD.replace("channels = 1", "channels = 0").replace(
+        "window_width = 1500.0", "window_width = 0.0"
+    )
+    with pytest.raises(ModelError) as info:
+        load_model_card(write_model(tmp_path, card_text))
+    assert "[input] channels = 0: expected an integer >= 1; " in str(info.value)
+    assert "[preprocess] window_width = 0.0: expected a number > 0" in str(info.value)
+
+
+def test_the_card_gives_the_pipeline_its_one_preprocessing_spec(tmp_path: Path) -> None:
+    card_text = NODULE_CARD.replace('[input]\nname = "image"\nsize = [256, 256]\n', CONTEXT_INPUT)
+    card = load_model_card(write_model(tmp_path, card_text, classes=1, in_channels=3))
+    assert card.preprocess == PreprocessSpec(
+        window_center=-600.0, window_width=1500.0, normalise="zscore", denoise="none",
+        denoise_sigma_mm=0.0, input_size=(256, 256), context_slices=1, context_spacing_mm=3.0,
+    )  # fmt: skip
+
+
+CLASSIFIER_CARD = (Path(__file__).parents[1] / "engines" / "nodule-fpr" / "model.toml").read_text()
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "message"),
+    [
+        ("[patch]\nspacing_mm = [1.0, 2.5]\n", "", "patch is missing"),
+        ("spacing_mm = [1.0, 2.5]", "spacing_mm = [1.0]",
+         "[patch] spacing_mm = [1.0]: expected 2 positive spacings in mm, one per input channel"),
+        ("spacing_mm = [1.0, 2.5]", "spacing_mm = [1.0, -2.5]",
+         "[patch] spacing_mm[1] = -2.5: expected a number > 0"),
+        ("size = [32, 32, 32]", "size = [32, 32]", "[input] size = [32, 32]: expected [depth,"),
+        ('layout = "NCDHW"', 'layout = "NCHW"', "[input] layout = 'NCHW': expected NCDHW"),
+        ('layout = "NCDHW"', 'layout = "NCDHW"\ncontext_slices = 1',
+         "[input] context_slices = 1: a 3-D patch has no context slices"),
+        ('task = "classification"', 'task = "detection"',
+         "[input] size = [32, 32, 32]: expected [height, width]"),
+    ],
+)  # fmt: skip
+def test_a_classifier_card_is_checked_against_its_patches(old: str, new: str, message: str) -> None:
+    assert old in CLASSIFIER_CARD
+    with pytest.raises(ModelError) as info:
+        parse_model_card(tomllib.loads(CLASSIFIER_CARD.replace(old, new, 1)), Path("m.toml"))
+    assert message in str(info.value)
+
+
+def test_only_a_classifier_card_has_a_patch() -> None:
+    card_text = EXAMPLE_CARD.replace("[quality]", "[patch]\nspacing_mm = [1.0]\n\n[quality]")
+    with pytest.raises(ModelError, match=r'\[patch\] spacing_mm = \[1\.0\]: only a task = "c'):
+        parse_model_card(tomllib.loads(card_text), Path("m.toml"))
+    card = parse_model_card(tomllib.loads(CLASSIFIER_CARD), Path("m.toml"))
+    assert card.patch is not None and card.patch.spacing_mm == (1.0, 2.5)
+    assert (card.input_shape, card.input.layout) == ((2, 32, 32, 32), "NCDHW")
 
 
 def test_missing_files_and_broken_toml(tmp_path: Path) -> None:

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from imaging_ai_devkit.phantom import PhantomSpec, PhantomVolume, generate
 
-from imaging_ai.analyse import analyse, lung_labels, spec_from_card
+from imaging_ai.analyse import analyse, lung_labels
 from imaging_ai.infer.base import LoadedModel, sample_batch
 from imaging_ai.infer.ort import OrtBackend, OrtOptions
 from imaging_ai.modelcard import ModelCard, load_model_card, onnx_io_shapes, validate_against_onnx
@@ -137,7 +137,7 @@ def test_training_stacks_slices_as_the_daemon_does() -> None:
     pv = generate(spec)
     chosen = [0, 4, 11]
     rows = grid.context(pv, chosen)  # phantom slices, head to feet
-    daemon = prepare_slices(_volume(pv), spec_from_card(_card("nodule-det")))  # feet to head
+    daemon = prepare_slices(_volume(pv), _card("nodule-det").preprocess)  # feet to head
     training = grid.inputs(pv)[rows]
     expected = daemon[[len(pv.indices) - 1 - k for k in chosen]].astype(np.float16)
     assert training.shape == expected.shape == (3, 3, 256, 256)

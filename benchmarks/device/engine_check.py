@@ -42,11 +42,11 @@ from imaging_ai.modelcard import (
     InputSpec,
     ModelCard,
     OutputSpec,
-    PreprocessSpec,
     Provenance,
     file_sha256,
     onnx_io_shapes,
 )
+from imaging_ai.preprocess import PreprocessSpec
 
 Row = dict[str, Any]
 Weights = dict[str, FloatArray]
@@ -176,7 +176,8 @@ def card_for(onnx_path: Path, size: int | None) -> ModelCard:
         raise SystemExit(f"{onnx_path}: give --size; input {dims}, output {out_dims}")
     return ModelCard(
         name="device-check", version="0", task="segmentation", description="device check",
-        input=InputSpec(in_name, dims[1], h, w), preprocess=PreprocessSpec(0.0, 1.0, "zscore"),
+        input=InputSpec(in_name, dims[1], h, w),
+        preprocess=PreprocessSpec(0.0, 1.0, "zscore", "none", 0.0, (h, w)),
         output=OutputSpec(out_name, "logits", out_dims[1]), labels=(),
         quality=MappingProxyType({}), provenance=Provenance("n/a"), folder=onnx_path.parent,
         sha256=file_sha256(onnx_path),

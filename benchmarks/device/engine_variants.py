@@ -339,7 +339,11 @@ def model_rows(
 
 def card_at(card: ModelCard, size: int) -> ModelCard:
     """The card of the same model at another slice size."""
-    return replace(card, input=replace(card.input, height=size, width=size))
+    return replace(
+        card,
+        input=replace(card.input, height=size, width=size),
+        preprocess=replace(card.preprocess, input_size=(size, size)),
+    )
 
 
 def table(rows: list[Row]) -> str:

@@ -94,7 +94,6 @@ def make_slices(dest: Path) -> None:
     """
     from imaging_ai_devkit.phantom import PhantomSpec, generate
 
-    from imaging_ai.analyse import spec_from_card
     from imaging_ai.preprocess import add_context, context_stride, prepare_array
 
     lung = load_model_card(ROOT / "engines" / "lung-seg")
@@ -108,11 +107,11 @@ def make_slices(dest: Path) -> None:
         nodules = np.flatnonzero(vol.nodule_mask[::-1].any(axis=(1, 2)))
         both = np.unique(np.concatenate([lungs[:: max(1, len(lungs) // 8)], nodules]))
         pick = both[np.linspace(0, len(both) - 1, min(len(both), 12)).astype(int)]
-        lung_spec = spec_from_card(lung)
+        lung_spec = lung.preprocess
         parts["lung160"].append(prepare_array(hu[pick], xy, lung_spec, np))
         big = replace(lung_spec, input_size=(512, 512))
         parts["lung512"].append(prepare_array(hu[pick[::3]], xy, big, np))
-        nodule_spec = spec_from_card(nodule)
+        nodule_spec = nodule.preprocess
         stack = prepare_array(hu, xy, nodule_spec, np)
         stride = context_stride(vol.spacing_mm[2], nodule_spec.context_spacing_mm)
         parts["nodule256"].append(add_context(stack, stride, nodule_spec.context_slices, np)[pick])

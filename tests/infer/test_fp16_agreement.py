@@ -19,7 +19,6 @@ import onnxruntime as ort
 import pytest
 from imaging_ai_devkit.phantom import PhantomSpec, PhantomVolume, generate
 
-from imaging_ai.analyse import spec_from_card
 from imaging_ai.infer.agreement import compare, hu_sensitivity, label_map
 from imaging_ai.infer.fp16 import fp16_model_bytes
 from imaging_ai.infer.ort import OrtBackend, OrtOptions
@@ -48,7 +47,7 @@ def phantom() -> PhantomVolume:
 def model_slices(vol: PhantomVolume, card: ModelCard, count: int) -> np.ndarray[Any, Any]:
     """`count` preprocessed slices through the lungs and nodules, as the daemon feeds `card`
     (slices feet to head, as a series is loaded)."""
-    spec = spec_from_card(card)
+    spec = card.preprocess
     stack = prepare_array(vol.hu[::-1], (vol.spacing_mm[0], vol.spacing_mm[1]), spec, np)
     if spec.context_slices:
         stride = context_stride(vol.spacing_mm[2], spec.context_spacing_mm)
@@ -71,7 +70,11 @@ def at_size(card: ModelCard, size: int, tmp: Path) -> ModelCard:
     onnx.save(model, str(tmp / "model.onnx"))
     (tmp / "model.toml").write_text((card.folder / "model.toml").read_text())
     resized = load_model_card(tmp)
-    return replace(resized, input=replace(resized.input, height=size, width=size))
+    return replace(
+        resized,
+        input=replace(resized.input, height=size, width=size),
+        preprocess=replace(resized.preprocess, input_size=(size, size)),
+    )
 
 
 @pytest.mark.parametrize(

@@ -34,7 +34,6 @@ from pydicom.dataelem import DataElement
 from pydicom.dataset import Dataset
 from sqlalchemy import Engine
 
-from imaging_ai.analyse import spec_from_card
 from imaging_ai.catalog import Catalog
 from imaging_ai.config import AllowedCaller, DicomConfig
 from imaging_ai.db.session import make_engine, upgrade
@@ -211,7 +210,7 @@ def preprocess(rig: Rig, stored: Path) -> str:
             raise UnsupportedInput("no DICOM image series in the study")
         volume = load_series(series[pick_series(series)])
         for card in rig.cards:
-            prepare_slices(volume, spec_from_card(card))
+            prepare_slices(volume, card.preprocess)
     except CLEAR as exc:
         assert str(exc), "an error without a reason"
         return type(exc).__name__
