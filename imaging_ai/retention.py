@@ -283,13 +283,12 @@ class Retention:
     def _restore_discarded(self) -> None:
         """Files a crash left in tmp mid-deletion: deleted if marked and old, else put back."""
         with self.sessions() as s:
-            marked = dict(
-                s.execute(
-                    select(Instance.path, Purge.cutoff)
-                    .join(Purge, Purge.id == Instance.purge_id)
-                    .where(Purge.node == self.node, Purge.finished_at.is_(None))
-                ).tuples()
+            rows = s.execute(
+                select(Instance.path, Purge.cutoff)
+                .join(Purge, Purge.id == Instance.purge_id)
+                .where(Purge.node == self.node, Purge.finished_at.is_(None))
             )
+            marked = {path: cutoff for path, cutoff in rows}
 
         def keep(relative: str, mtime: float) -> bool:
             cutoff = marked.get(relative)
