@@ -149,6 +149,7 @@ class Catalog:
             relative,
             size_bytes,
             sql.timestamp(at),
+            self.spool.node,
         )
 
         def row(cursor: DBAPICursor) -> bool:
@@ -160,7 +161,7 @@ class Catalog:
                 cursor.execute(sql.touch_series, (sql.timestamp(at), series_id))
                 if new_sender:
                     cursor.execute(sql.open_sender, (study_id,))
-            cursor.execute(sql.upsert_instance, (*instance, late, False, study_id))
+            cursor.execute(sql.upsert_instance, (*instance, late, False, None, study_id))
             if cursor.rowcount == 0:
                 raise DuplicateSOPInstance(
                     f"UID already in another study: SOP Instance UID {meta.sop_uid}"
@@ -380,8 +381,11 @@ _INSTANCE_COLUMNS = (
     "path",
     "size_bytes",
     "received_at",
+    "node",
     "late",
     "missing",
+    # A copy received again after retention deleted the file is a new file: no longer purged.
+    "purge_id",
 )
 _NOT_REPLACED = {"id", "sop_instance_uid"}
 

@@ -165,7 +165,7 @@ class PriorityConfig:
 
 @dataclass(frozen=True)
 class StorageConfig:
-    """Where instances and the database live, and the disk low-water mark."""
+    """Where instances and the database live, the disk low-water mark, and retention."""
 
     __pydantic_config__ = _TABLE
 
@@ -174,6 +174,9 @@ class StorageConfig:
     min_free_mb: Annotated[StrictInt, Field(ge=0)] = 1024
     node_name: StrictStr = ""
     job_lease_s: Annotated[StrictFloat, Field(ge=5)] = 120.0
+    # Instance files of studies done, or failed and not retried, for this many days are
+    # deleted from this node's spool (records and results kept); 0 keeps them forever.
+    retention_days: Annotated[StrictInt, Field(ge=0, le=36500)] = 30
 
     @property
     def node(self) -> str:

@@ -55,3 +55,7 @@ class DeliveryError(ImagingAIError):
 
 class OutputError(ImagingAIError):
     """A study's results cannot be encoded from its data (the same data fails alike)."""
+
+
+class ImagesPurged(ImagingAIError):
+    """A study's instance files were deleted by retention: it must be sent again to be analysed."""

@@ -27,7 +27,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from imaging_ai import __version__
 from imaging_ai.config import PRIORITY_CLASSES, PriorityConfig
-from imaging_ai.db.models import ClassControl, Delivery, Instance, Job, Study
+from imaging_ai.db.models import ClassControl, Delivery, Instance, Job, Purge, Study
 from imaging_ai.db.session import utcnow
 from imaging_ai.states import DeliveryState, JobState
 
@@ -74,6 +74,10 @@ CATALOGUE: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "batch_size": ("histogram", "Slices per inference batch.", ("device",)),
     "spool_free_bytes": ("gauge", "Free space on the spool's disk.", ()),
     "spool_low_water_bytes": ("gauge", "Below this free space C-STORE is refused.", ()),
+    "spool_bytes": ("gauge", "Bytes of instance files kept in the spool, all nodes.", ()),
+    "spool_files": ("gauge", "Instance files kept in the spool, all nodes.", ()),
+    "purged_files": ("counter", "Instance files deleted by retention, all nodes.", ()),
+    "purged_bytes": ("counter", "Bytes of instance files deleted by retention, all nodes.", ()),
 }  # fmt: skip
 # Seconds: from an urgent study's minute to an outpatient backlog of hours.
 TIME_BUCKETS = (1, 2.5, 5, 10, 15, 30, 45, 60, 90, 120, 180, 300, 450, 600, 900, 1200, 1800,
@@ -176,7 +180,12 @@ class DaemonCollector(Collector):
         families: list[Metric] = []
         try:
             with self._lock, self.sessions() as s:
-                families = [*self._current(s), *self._deliveries(s), *self._finished_work(s)]
+                families = [
+                    *self._current(s),
+                    *self._deliveries(s),
+                    *self._finished_work(s),
+                    *self._spool(s),
+                ]
         except SQLAlchemyError as exc:
             log.warning("metrics: database unavailable (%s)", exc.__class__.__name__)
         yield family("database_up", [((), 1.0 if families else 0.0)])
@@ -207,6 +216,25 @@ class DaemonCollector(Collector):
             family("queue_depth", [((p,), depth.get(p, 0)) for p in classes]),
             family("queue_oldest_wait_seconds", [((p,), waits.get(p, 0.0)) for p in classes]),
             family("queue_paused", [((p,), float(p in paused)) for p in classes]),
+        ]
+
+    def _spool(self, s: Session) -> list[Metric]:
+        files, size = s.execute(
+            select(func.count(Instance.id), func.coalesce(func.sum(Instance.size_bytes), 0)).where(
+                Instance.missing.is_(False)
+            )
+        ).one()
+        purged_files, purged_bytes = s.execute(
+            select(
+                func.coalesce(func.sum(Purge.files), 0),
+                func.coalesce(func.sum(Purge.size_bytes), 0),
+            )
+        ).one()
+        return [
+            family("spool_bytes", [((), float(size))]),
+            family("spool_files", [((), float(files))]),
+            family("purged_files", [((), float(purged_files))]),
+            family("purged_bytes", [((), float(purged_bytes))]),
         ]
 
     def _deliveries(self, s: Session) -> list[Metric]:

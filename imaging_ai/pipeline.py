@@ -29,6 +29,7 @@ from imaging_ai.outputs.mllp import send_oru
 from imaging_ai.outputs.warm import warm_up_outputs
 from imaging_ai.process import Processor
 from imaging_ai.receive_pool import ReceiverPool
+from imaging_ai.retention import Retention
 from imaging_ai.schedule import Scheduler
 from imaging_ai.spool import Spool
 from imaging_ai.states import WorkerState
@@ -84,6 +85,8 @@ class Daemon:
         self.outbox = Outbox(
             self.sessions, config, Path(config.storage.data_dir), hl7_sender=_send_hl7
         )
+        # Deletes the spool files of studies ended storage.retention_days ago (hourly).
+        self.retention = Retention(self.sessions, self.spool, config.storage.retention_days)
         self.http: HttpServer | None = None
         # Under systemd (Type=notify): READY=1 once serving, watchdog pings while healthy.
         self.watchdog = Watchdog(systemd, self.health) if systemd is not None else None
@@ -147,6 +150,7 @@ class Daemon:
         self.processor.start()
         self.outbox.start()
         self.models.start()
+        self.retention.start()
 
     def readiness(self) -> dict[str, str]:
         """Checks behind /readyz."""
@@ -223,7 +227,11 @@ class Daemon:
         return done
 
     def retry_study(self, study_uid: str, actor: str) -> bool:
-        """Queue a failed study again, as a new attempt."""
+        """Queue a failed study again, as a new attempt; not one whose images were purged."""
+        gone = self.retention.refuse_retry(study_uid)
+        if gone:
+            self._audit(actor, "retry_study", study_uid, f"not retried: {gone}")
+            return False
         done = self.scheduler.retry_failed(study_uid)
         self._audit(actor, "retry_study", study_uid, "ok" if done else "not failed")
         return done
@@ -312,6 +320,7 @@ class Daemon:
             self.processor.engines.pool.stop(timeout_s=self._time_left() / 2)
             self.processor.engines.stop()
         self.outbox.stop(timeout_s=self._time_left())
+        self.retention.stop(timeout_s=self._time_left())
         self.messages.stop()
         self.models.stop()
         self.engine.dispose()

@@ -21,13 +21,14 @@ from imaging_ai.config import Config
 from imaging_ai.db.models import Instance, Job, Report, Series, Study
 from imaging_ai.db.session import utcnow
 from imaging_ai.engine_set import EngineSet
-from imaging_ai.errors import InvalidDataset, OutputError, UnsupportedInput
+from imaging_ai.errors import ImagesPurged, InvalidDataset, OutputError, UnsupportedInput
 from imaging_ai.infer.base import BackendInfo, Engine, FloatArray, LoadedModel
 from imaging_ai.outbox import Outbox
 from imaging_ai.outputs.common import source_headers
 from imaging_ai.outputs.files import ResultFiles, write_results
 from imaging_ai.outputs.messages import MessageBuilder
 from imaging_ai.redact import exception_text
+from imaging_ai.retention import images_gone
 from imaging_ai.schedule import Claim, Scheduler
 from imaging_ai.states import JobState, StudyState
 
@@ -36,7 +37,7 @@ log = logging.getLogger(__name__)
 MAX_ATTEMPTS = 3
 # Input problems are the study's, not the daemon's, and results that cannot be encoded from
 # them fail alike on every attempt: retrying cannot help.
-PERMANENT = (UnsupportedInput, InvalidDataset, OutputError)
+PERMANENT = (UnsupportedInput, InvalidDataset, OutputError, ImagesPurged)
 # What the SEG, SR, ORU and FHIR builders raise on values they cannot encode. A rebuild from the
 # same analysis and headers is the same build (fixed UIDs and time), so it fails the same way;
 # a disk or a helper process failing (OSError and the like) is not among these and is retried.
@@ -230,6 +231,9 @@ class Processor:
 
     def _files(self, claim: Claim) -> list[Path]:
         with self.sessions() as s:
+            gone = images_gone(s, claim.study_id)
+            if gone:  # analysing what is left would give a result for part of the study
+                raise ImagesPurged(f"not analysed: {gone}")
             paths = s.scalars(
                 select(Instance.path)
                 .join(Series, Instance.series_id == Series.id)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
 import io
@@ -14,7 +15,7 @@ import threading
 import time
 import uuid
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,6 +28,9 @@ _UID_RE = re.compile(r"^[0-9]+(\.[0-9]+)*$")
 _FREE_CHECK_INTERVAL_S = 0.5
 # Empty temporary files created ahead (Spool.keep_spares) are named so.
 SPARE_PREFIX = "spare-"
+# An instance file being deleted by retention (Spool.discard) is renamed into tmp so; the
+# name is its relative path with "_" for "/" (UIDs have no "_"). Left for restore_discarded.
+DISCARD_PREFIX = "purge-"
 _SYNC_FILE_RANGE_WRITE = 2  # linux/fs.h: start writeback of dirty pages, do not wait
 
 
@@ -94,8 +98,9 @@ class Spool:
 
     def __init__(self, root: Path, min_free_mb: int, node: str = "local") -> None:
         self.root = root
+        self.node = check_node(node)
         # Temporary files per node: a spool shared over NFS is cleaned by each node for itself.
-        self.tmp_dir = root / "tmp" / check_node(node)
+        self.tmp_dir = root / "tmp" / self.node
         self.min_free_bytes = min_free_mb * 1024 * 1024
         self._free_lock = threading.Lock()
         self._free_checked_at = 0.0
@@ -111,11 +116,13 @@ class Spool:
     def prepare(self) -> None:
         """Create the spool and drop temporary files of writes that never finished.
 
-        A temporary file was never answered Success, so the sender still owns it.
+        A temporary file was never answered Success, so the sender still owns it. A file
+        that retention was deleting (`discard`) is left to `restore_discarded`.
         """
         self.tmp_dir.mkdir(parents=True, exist_ok=True)
         for leftover in self.tmp_dir.iterdir():
-            leftover.unlink(missing_ok=True)
+            if not leftover.name.startswith(DISCARD_PREFIX):
+                leftover.unlink(missing_ok=True)
 
     def free_bytes(self) -> int:
         """Free bytes on the spool's filesystem, re-read at most twice a second."""
@@ -289,6 +296,70 @@ class Spool:
             fsync_path(path.parent)
         except OSError as exc:
             raise storage_error(exc, relative) from exc
+
+    def discard(self, relative: str, written_before: float) -> int | None:
+        """Delete an instance file written before ``written_before`` (POSIX time); its size.
+
+        The file is first renamed into ``tmp_dir`` (atomic) and looked at there, so that a
+        copy received again meanwhile, answered Success and written since, is put back and
+        never deleted. Returns None when the file is absent or was put back. The caller
+        fsyncs the directories (`sync_dirs`) once for many files.
+
+        Raises
+        ------
+        StorageError
+            An I/O error other than the file being absent.
+        """
+        path = self.root / relative
+        taken = self.tmp_dir / (DISCARD_PREFIX + relative.replace("/", "_"))
+        try:
+            os.rename(path, taken)
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            raise StorageError(f"cannot delete {relative}: {exc.strerror}") from exc
+        try:
+            stat = taken.stat()
+            if stat.st_mtime >= written_before:
+                self._put_back(taken, path)
+                return None
+            taken.unlink()
+        except OSError as exc:
+            raise StorageError(f"cannot delete {relative}: {exc.strerror}") from exc
+        return stat.st_size
+
+    def restore_discarded(self, keep: Callable[[str, float], bool]) -> tuple[int, int]:
+        """Finish deletions a crash interrupted: files `discard` had taken into ``tmp_dir``.
+
+        ``keep(relative, mtime)`` says whether a file must go back to its place (a copy
+        received again meanwhile); the others are deleted. Returns (put back, deleted).
+        """
+        restored = deleted = 0
+        for taken in self.tmp_dir.glob(DISCARD_PREFIX + "*"):
+            relative = taken.name.removeprefix(DISCARD_PREFIX).replace("_", "/")
+            if keep(relative, taken.stat().st_mtime):
+                self._put_back(taken, self.root / relative)
+                restored += 1
+            else:
+                taken.unlink(missing_ok=True)
+                deleted += 1
+        if restored or deleted:
+            fsync_path(self.tmp_dir)
+        return restored, deleted
+
+    def _put_back(self, taken: Path, path: Path) -> None:
+        # A link does not replace: a copy that landed there even later stays, and wins.
+        with contextlib.suppress(FileExistsError):
+            os.link(taken, path)
+        taken.unlink()
+        fsync_path(path.parent)
+
+    def sync_dirs(self, relatives: Iterable[str]) -> None:
+        """fsync the directories of these instance files and ``tmp_dir`` (after `discard`)."""
+        for parent in {(self.root / r).parent for r in relatives}:
+            with contextlib.suppress(FileNotFoundError):
+                fsync_path(parent)
+        fsync_path(self.tmp_dir)
 
     def exists(self, relative: str) -> bool:
         """Whether an instance file is present."""

@@ -115,3 +115,12 @@ def test_config_is_frozen() -> None:
     config = load_config(None, environ={})
     with pytest.raises(AttributeError):
         config.dicom.port = 1  # type: ignore[misc]
+
+
+def test_retention_days_defaults_to_30_and_refuses_negatives(tmp_path: Path) -> None:
+    assert load_config(None, environ={}).storage.retention_days == 30
+    off = load_config(write(tmp_path, "[storage]\nretention_days = 0\n"), environ={})
+    assert off.storage.retention_days == 0
+    for bad in ("-1", "1.5", "'30'"):
+        with pytest.raises(ConfigError, match=r"storage\.retention_days"):
+            load_config(write(tmp_path, f"[storage]\nretention_days = {bad}\n"), environ={})

@@ -1,4 +1,4 @@
-"""SQLAlchemy 2.0 typed models: studies, series, instances, jobs and audit events."""
+"""SQLAlchemy 2.0 typed models: studies, series, instances, jobs, purges and audit events."""
 
 from __future__ import annotations
 
@@ -138,6 +138,12 @@ class Instance(Base):
     received_at: Mapped[datetime] = mapped_column(UTCDateTime())
     late: Mapped[bool] = mapped_column(Boolean, default=False)
     missing: Mapped[bool] = mapped_column(Boolean, default=False)
+    # The node (``storage.node``) that spooled the file: only that node's retention deletes
+    # it. Empty for rows recorded before this column existed.
+    node: Mapped[str] = mapped_column(String(100), default="", server_default="")
+    # The retention purge that deleted (or is deleting) the file; ``missing`` is then true.
+    # Receiving the instance again clears both.
+    purge_id: Mapped[int | None] = mapped_column(ForeignKey("purges.id"), nullable=True, index=True)
 
     series: Mapped[Series] = relationship(back_populates="instances")
 
@@ -201,6 +207,27 @@ class Delivery(Base):
     last_error: Mapped[str] = mapped_column(Text, default="")
     created_at: Mapped[datetime] = mapped_column(UTCDateTime())
     delivered_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+
+
+class Purge(Base):
+    """One retention purge of one study's files on one node: the audit row of what was deleted.
+
+    Written before any file is deleted (``finished_at`` empty) and completed after: a purge
+    still unfinished is finished by its node's next pass (`imaging_ai.retention`).
+    """
+
+    __tablename__ = "purges"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    study_id: Mapped[int] = mapped_column(ForeignKey("studies.id"), index=True)
+    node: Mapped[str] = mapped_column(String(100))
+    started_at: Mapped[datetime] = mapped_column(UTCDateTime(), index=True)
+    finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+    # Files received (and written) before this time were deleted; a newer copy is kept.
+    cutoff: Mapped[datetime] = mapped_column(UTCDateTime())
+    reason: Mapped[str] = mapped_column(String(200), default="")
+    files: Mapped[int] = mapped_column(Integer, default=0)
+    size_bytes: Mapped[int] = mapped_column(BigInteger, default=0)
 
 
 class ClassControl(Base):

@@ -46,7 +46,9 @@ ACTIONS = {
                "Study {what} was no longer receiving: nothing changed."),
         Action("retry_study", "study", "Retry", "Process study {what} again?",
                "It is queued again, with a new deadline from its class's SLA.",
-               "Study {what} queued again.", "Study {what} had not failed: nothing changed."),
+               "Study {what} queued again.",
+               "Study {what} was not queued: it had not failed, or its images were deleted by "
+               "retention (its page says which)."),
         Action("raise_priority", "study", "Raise priority", "Raise the priority of study {what}?",
                "It moves to the class chosen below; its deadline becomes that class's SLA from "
                "now, unless the old deadline is sooner.",

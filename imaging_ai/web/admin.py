@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import re
+import shutil
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -12,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from markupsafe import Markup
+from sqlalchemy.orm import Session
 from starlette.datastructures import QueryParams
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
@@ -36,6 +38,7 @@ AUDIT_CATEGORIES: dict[str, tuple[str, ...]] = {
     "searches and views": ("search", "view_study"),
     "admin actions": ("admin_request", *ACTIONS),
     "configuration": ("config_reload", "models_reload"),
+    "retention": ("purge",),
 }
 DATE = re.compile(r"^(\d{4})-?(\d{2})-?(\d{2})$")
 
@@ -128,6 +131,7 @@ class AdminPages:
                 raise HTTPException(404, f"no study with Study Instance UID {uid}")
             findings = study_findings(s, uid, data_dir)
             deliveries = status.study_deliveries(s, uid)
+            purges = status.study_purges(s, uid)
             events = status.audit_events(s, AUDIT_PAGE, target=uid)
         self.pages.audit(admin.principal.name, "view_study", uid, request)
         return self.pages.render(
@@ -137,6 +141,7 @@ class AdminPages:
             hit=hit,
             findings=findings,
             deliveries=deliveries,
+            purges=purges,
             events=events,
             can_act=self.pages.ctx.actions is not None,
         )
@@ -178,11 +183,22 @@ class AdminPages:
                 "late": status.late(s),
             }
             samples = status.finished_since(s, now - timedelta(days=1))
+            values["spool"] = self._spool(s, now)
         values["summaries"] = self._summaries(samples, now)
         values["panels"], values["live_error"] = live_panels(self.pages.ctx.live)
         values["now"] = now
         values["can_act"] = self.pages.ctx.actions is not None
         return values
+
+    def _spool(self, s: Session, now: datetime) -> status.SpoolUse:
+        storage = self.pages.ctx.config.storage
+        try:
+            free: int | None = shutil.disk_usage(storage.spool_dir).free
+        except OSError as exc:
+            log.warning("status: cannot read free space of the spool: %s", exc.strerror)
+            free = None
+        low_water = storage.min_free_mb * 2**20
+        return status.spool_use(s, now, free, low_water, storage.retention_days)
 
     def _summaries(
         self, samples: Sequence[tuple[str, datetime, float, bool]], now: datetime

@@ -57,7 +57,7 @@ class Pages:
             trim_blocks=True,
             lstrip_blocks=True,
         )
-        self.env.filters.update(when=when, dur=duration, dicom_date=dicom_date)
+        self.env.filters.update(when=when, dur=duration, dicom_date=dicom_date, size=size)
         self.env.globals.update(version=__version__, tz=time.strftime("%Z"))
         # Templates compare states against the members, as the code does.
         self.env.globals.update(StudyState=StudyState, DeliveryState=DeliveryState)
@@ -145,6 +145,18 @@ def when(value: datetime | None) -> str:
     if value is None:
         return "–"
     return value.astimezone().strftime("%Y-%m-%d %H:%M:%S")
+
+
+def size(value: float | None) -> str:
+    """A number of bytes in binary units (KiB to TiB), one decimal; a dash for none."""
+    if value is None:
+        return "–"
+    unit = "B"
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(value) < 1024 or unit == "TiB":
+            break
+        value /= 1024
+    return f"{value:.0f} B" if unit == "B" else f"{value:.1f} {unit}"
 
 
 def dicom_date(value: str) -> str:

@@ -16,7 +16,16 @@ from sqlalchemy import Select, and_, func, or_, select
 from sqlalchemy.orm import Session, aliased
 
 from imaging_ai.config import PRIORITY_CLASSES
-from imaging_ai.db.models import AuditEvent, ClassControl, Delivery, Job, Report, Study
+from imaging_ai.db.models import (
+    AuditEvent,
+    ClassControl,
+    Delivery,
+    Instance,
+    Job,
+    Purge,
+    Report,
+    Study,
+)
 from imaging_ai.states import DeliveryState, JobState, StudyState
 
 IN_FLIGHT = (
@@ -106,6 +115,73 @@ class SearchHit:
     study: StudyRow
     patient_name: str
     study_date: str
+
+
+@dataclass(frozen=True)
+class SpoolUse:
+    """The spool: what it holds, what is free, how long that lasts, and retention."""
+
+    size_bytes: int
+    files: int
+    free_bytes: int | None  # None when the disk could not be read
+    low_water_bytes: int
+    intake_bytes_per_day: float  # the mean over INTAKE_WINDOW
+    retention_days: int
+    last_purge: Purge | None
+
+    @property
+    def headroom_bytes(self) -> int | None:
+        """Free space above the low-water mark, where C-STORE starts answering 0xA700."""
+        return None if self.free_bytes is None else max(0, self.free_bytes - self.low_water_bytes)
+
+    @property
+    def levels_off(self) -> bool:
+        """Whether retention keeps the spool from filling at the current intake."""
+        growth = self.intake_bytes_per_day * self.retention_days - self.size_bytes
+        return self.retention_days > 0 and growth <= (self.headroom_bytes or 0)
+
+    @property
+    def days_left(self) -> float | None:
+        """Days until the low-water mark at the current intake; None if it never comes."""
+        if self.headroom_bytes is None or self.intake_bytes_per_day <= 0 or self.levels_off:
+            return None
+        return self.headroom_bytes / self.intake_bytes_per_day
+
+
+INTAKE_WINDOW = timedelta(days=7)
+
+
+def spool_use(
+    s: Session, now: datetime, free_bytes: int | None, low_water_bytes: int, retention_days: int
+) -> SpoolUse:
+    """The spool's figures from the catalogue; intake is what arrived in the last 7 days."""
+    files, size = s.execute(
+        select(func.count(Instance.id), func.coalesce(func.sum(Instance.size_bytes), 0)).where(
+            Instance.missing.is_(False)
+        )
+    ).one()
+    received = s.scalar(
+        select(func.coalesce(func.sum(Instance.size_bytes), 0)).where(
+            Instance.received_at >= now - INTAKE_WINDOW
+        )
+    )
+    last = s.scalars(
+        select(Purge).where(Purge.finished_at.is_not(None)).order_by(Purge.id.desc()).limit(1)
+    ).first()
+    per_day = float(received or 0) / INTAKE_WINDOW.days
+    return SpoolUse(
+        int(size), int(files), free_bytes, low_water_bytes, per_day, retention_days, last
+    )
+
+
+def study_purges(s: Session, uid: str) -> Sequence[Purge]:
+    """The retention purges of a study's files, oldest first."""
+    return s.scalars(
+        select(Purge)
+        .join(Study, Study.id == Purge.study_id)
+        .where(Study.study_instance_uid == uid)
+        .order_by(Purge.id)
+    ).all()
 
 
 def queues(s: Session, now: datetime) -> list[ClassQueue]:
