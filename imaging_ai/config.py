@@ -40,6 +40,10 @@ PRIORITY_CLASSES = ("urgent", "inpatient", "outpatient")
 ROLES = ("ris", "admin", "metrics")
 BACKENDS = ("auto", "tensorrt", "onnxruntime-cuda", "onnxruntime-cpu")
 LOG_FORMATS = ("text", "json")
+# What a PACS destination may take (``results``) and the SR classes it may be sent (``sr``).
+PacsResult = Literal["seg", "sr"]
+PACS_RESULTS: tuple[PacsResult, ...] = ("seg", "sr")
+SR_CLASSES = ("comprehensive3d", "comprehensive")
 # Every table of the file: unknown keys are refused, not ignored.
 _TABLE = ConfigDict(extra="forbid")
 
@@ -244,6 +248,11 @@ class PacsDestination:
     host: StrictStr
     port: Port
     tls: StrictBool = False
+    # Which results it takes: a PACS that stores no SEG (or no SR) is not sent one.
+    results: Annotated[tuple[PacsResult, ...], BeforeValidator(_array)] = PACS_RESULTS
+    # The SR's IOD: Comprehensive 3D SR, or Comprehensive SR (the same TID 1500 tree, which
+    # has no 3-D coordinates) for a PACS that does not take Comprehensive 3D SR.
+    sr: Literal["comprehensive3d", "comprehensive"] = "comprehensive3d"
 
     @property
     def key(self) -> str:
@@ -506,6 +515,11 @@ def _validate_outputs(o: OutputsConfig) -> None:
         raise ConfigError("outputs.tls_cert and outputs.tls_key must be given together")
     for i, pacs in enumerate(o.pacs):
         _validate_ae_title(f"outputs.pacs[{i}].ae_title", pacs.ae_title)
+        if not pacs.results:
+            raise ConfigError(
+                f"outputs.pacs[{i}].results must name at least one of "
+                f"{', '.join(PACS_RESULTS)} (remove the destination to send it nothing)"
+            )
     if o.retry_min_s > o.retry_max_s:
         raise ConfigError(
             f"outputs.retry_min_s must be <= outputs.retry_max_s, got {o.retry_min_s}"

@@ -47,11 +47,14 @@ CATALOGUE: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "queue_depth": ("gauge", "Queued jobs per class.", ("priority",)),
     "queue_oldest_wait_seconds": ("gauge", "Wait of the oldest queued job.", ("priority",)),
     "queue_paused": ("gauge", "1 while an administrator has paused the class.", ("priority",)),
-    "deliveries": ("gauge", "Deliveries by state: pending, done, cancelled.", ("state",)),
+    "deliveries": ("gauge", "Deliveries by state: pending, done, cancelled, refused.",
+                   ("state",)),
     "deliveries_failing": ("gauge", "Pending deliveries that failed at least once.",
                            ("destination",)),
     "deliveries_failing_oldest_seconds": ("gauge", "Age of the oldest failing delivery.",
                                           ("destination",)),
+    "deliveries_refused": ("gauge", "Deliveries the destination refused for good (no retry).",
+                           ("destination",)),
     "turnaround_seconds": ("histogram", "Study completion to results ready.", ("priority",)),
     "stage_seconds": ("histogram", "Time in a stage: receive, queue, process, deliver.",
                       ("stage", "priority")),
@@ -239,15 +242,23 @@ class DaemonCollector(Collector):
 
     def _deliveries(self, s: Session) -> list[Metric]:
         now = self.clock()
-        states = s.execute(select(Delivery.state, func.count()).group_by(Delivery.state))
+        found = dict(s.execute(select(Delivery.state, func.count()).group_by(Delivery.state)).all())
         failing = s.execute(
             select(Delivery.destination, func.count(), func.min(Delivery.created_at))
             .where(Delivery.state == DeliveryState.PENDING, Delivery.attempts > 0)
             .group_by(Delivery.destination)
         )
         rows = [(dest, n, _age(now, oldest)) for dest, n, oldest in failing]
+        refused = s.execute(
+            select(Delivery.destination, func.count())
+            .where(Delivery.state == DeliveryState.REFUSED)
+            .group_by(Delivery.destination)
+        )
+        # Every state, 0 included: an alert on refused > 0 needs the series before the first.
+        states = [((state,), found.get(state, 0)) for state in DeliveryState]
         return [
-            family("deliveries", [((state,), n) for state, n in states]),
+            family("deliveries", states),
+            family("deliveries_refused", [((dest,), n) for dest, n in refused]),
             family("deliveries_failing", [((dest,), n) for dest, n, _ in rows]),
             family("deliveries_failing_oldest_seconds", [((dest,), a) for dest, _, a in rows]),
         ]

@@ -1,26 +1,24 @@
 """Takes delivery rows and gives results to PACS (C-STORE) and RIS (HL7 over MLLP), with retries.
 
-Every delivery is a row: it is marked done only after the destination confirmed it; failures
-back off from ``retry_min_s`` to ``retry_max_s`` and keep going across restarts. Objects keep
-their UIDs on retry, so a PACS that already has one treats the resend as a replace.
+Every delivery is a row: it is marked done only after the destination confirmed it. Every try
+that does not end so is an attempt with its reason in ``last_error`` (an unexpected error too,
+by its type and message); failures back off from ``retry_min_s`` to ``retry_max_s`` and keep
+going across restarts; a refusal that a retry cannot change (:mod:`imaging_ai.outbox_pacs`)
+ends the row ``refused``. Objects keep their UIDs on retry, so a PACS that already has one
+treats the resend as a replace.
 """
 
 from __future__ import annotations
 
 import logging
 import random
-import socket
-import ssl
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
-from typing import Any
 
-from pydicom import dcmread
-from pynetdicom import AE, evt
 from sqlalchemy import event, select
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -29,12 +27,12 @@ from imaging_ai.config import Config, PacsDestination, RisDestination
 from imaging_ai.db.models import AuditEvent, Delivery, Study
 from imaging_ai.db.session import utcnow
 from imaging_ai.errors import DeliveryError
+from imaging_ai.outbox_pacs import DELIVERED, Outcome, send_files
+from imaging_ai.redact import exception_text
 from imaging_ai.states import DeliveryState, StudyState
 
 log = logging.getLogger(__name__)
 
-# C-STORE statuses that mean "stored": success and the warnings (coercion, elements discarded).
-STORED = {0x0000, 0xB000, 0xB006, 0xB007}
 BATCH = 20
 # A send lease is this many job leases (storage.job_lease_s): 180 s by default.
 SEND_LEASE_JOB_LEASES = 1.5
@@ -82,12 +80,13 @@ class Outbox:
         self._thread: threading.Thread | None = None
 
     def enqueue(self, s: Session, study: Study, payloads: list[Payload], now: datetime) -> int:
-        """Add a row per payload and destination, in the caller's transaction."""
+        """Add a row per payload and destination that takes it (a PACS's ``results``), in the
+        caller's transaction."""
         count = 0
         for payload in payloads:
             targets = self.ris if payload.kind == "oru" else self.pacs
             keys = [payload.destination] if payload.destination else list(targets)
-            for key in (k for k in keys if k in targets):
+            for key in (k for k in keys if k in targets and self._takes(k, payload.kind)):
                 s.add(
                     Delivery(
                         study_id=study.id,
@@ -105,6 +104,10 @@ class Outbox:
         # exist and then sleep a whole poll interval.
         event.listen(s, "after_commit", lambda _session: self._wake.set(), once=True)
         return count
+
+    def _takes(self, key: str, kind: str) -> bool:
+        pacs = self.pacs.get(key)
+        return pacs is None or kind in pacs.results
 
     def start(self) -> None:
         """Deliver in a background thread until stopped."""
@@ -175,46 +178,39 @@ class Outbox:
             elif destination in self.ris:
                 results = {row.id: self._send_hl7(self.ris[destination], row) for row in rows}
             else:
-                results = {row.id: "destination no longer configured" for row in rows}
+                results = {row.id: Outcome("destination no longer configured") for row in rows}
         except DeliveryError as exc:
-            results = {row.id: str(exc) for row in rows}
-        if "" in results.values():
+            results = {row.id: Outcome(str(exc)) for row in rows}
+        except Exception as exc:  # an attempt like any other, not a silent retry at the lease
+            reason = f"unexpected error: {type(exc).__name__}: {exception_text(exc)}"
+            if any(row.last_error != reason for row in rows):
+                log.exception("delivery to %s: unexpected error", destination)
+            else:  # its traceback was logged when it first happened
+                log.warning("delivery to %s: the same unexpected error again", destination)
+            results = {row.id: Outcome(reason) for row in rows}
+        if any(o.delivered for o in results.values()):
             faults.reach("after:deliver")
         self._record(rows, results)
 
-    def _send_dicom(self, dest: PacsDestination, rows: list[Delivery]) -> dict[int, str]:
-        """One association for every due object to one PACS; '' means delivered."""
+    def _send_dicom(self, dest: PacsDestination, rows: list[Delivery]) -> dict[int, Outcome]:
+        """One association for every due object to one PACS."""
         files = {row.id: self.data_dir / row.payload for row in rows}
         outputs = self.config.outputs
         tls_files = (outputs.tls_ca, outputs.tls_cert, outputs.tls_key)
-        assoc = _associate(self.config.dicom.ae_title, dest, files.values(), tls_files)
-        results: dict[int, str] = {}
-        try:
-            for row_id, path in files.items():
-                status = assoc.send_c_store(path)
-                code = getattr(status, "Status", None)
-                if code in STORED:
-                    results[row_id] = ""
-                else:
-                    comment = getattr(status, "ErrorComment", "") if status else ""
-                    detail = f"0x{code:04X} {comment}".strip() if code is not None else "no reply"
-                    results[row_id] = f"C-STORE refused: {detail}"
-        finally:
-            assoc.release()
-        return results
+        return send_files(self.config.dicom.ae_title, dest, files, tls_files)
 
-    def _send_hl7(self, dest: RisDestination, row: Delivery) -> str:
+    def _send_hl7(self, dest: RisDestination, row: Delivery) -> Outcome:
         if self.hl7_sender is None:
-            return "no HL7 sender available"
+            return Outcome("no HL7 sender available")
         # Bytes, not read_text: HL7 separates segments with CR, which text mode would change.
         message = (self.data_dir / row.payload).read_bytes().decode("utf-8")
         try:
             self.hl7_sender(dest, message)
         except DeliveryError as exc:
-            return str(exc)
-        return ""
+            return Outcome(str(exc))
+        return DELIVERED
 
-    def _record(self, rows: list[Delivery], results: dict[int, str]) -> None:
+    def _record(self, rows: list[Delivery], results: dict[int, Outcome]) -> None:
         now = utcnow()
         low, high = self.config.outputs.retry_min_s, self.config.outputs.retry_max_s
         with self.sessions() as s, s.begin():
@@ -223,9 +219,21 @@ class Outbox:
                 if current is None or current.state != DeliveryState.PENDING:
                     continue
                 current.attempts += 1
-                error = results.get(row.id, "not attempted")
-                if error:
-                    current.last_error = error
+                current.last_attempt_at = now
+                outcome = results.get(row.id, Outcome("not attempted"))
+                current.last_error = outcome.reason
+                if outcome.delivered:
+                    current.state, current.delivered_at = DeliveryState.DONE, now
+                elif outcome.final:
+                    current.state = DeliveryState.REFUSED
+                    log.warning(
+                        "delivery %d to %s refused for good (attempt %d); reason on the "
+                        "status page",
+                        current.id,
+                        current.destination,
+                        current.attempts,
+                    )
+                else:
                     current.next_try_at = now + timedelta(
                         seconds=backoff_s(current.attempts, low, high)
                     )
@@ -237,25 +245,40 @@ class Outbox:
                         current.destination,
                         current.attempts,
                     )
-                else:
-                    current.state, current.delivered_at = DeliveryState.DONE, now
-                    current.last_error = ""
                 _settle_study(s, current.study_id)
 
     def retry(self, delivery_id: int, actor: str) -> bool:
-        """Admin action: try a pending delivery now."""
-        return self._admin(delivery_id, actor, "retry_delivery", DeliveryState.PENDING)
+        """Admin action: try a pending delivery now, or a refused one again (once the PACS
+        or its destination's configuration was changed)."""
+        return self._admin(
+            delivery_id,
+            actor,
+            "retry_delivery",
+            DeliveryState.PENDING,
+            (DeliveryState.PENDING, DeliveryState.REFUSED),
+        )
 
     def cancel(self, delivery_id: int, actor: str) -> bool:
         """Admin action: stop trying a delivery."""
-        return self._admin(delivery_id, actor, "cancel_delivery", DeliveryState.CANCELLED)
+        return self._admin(
+            delivery_id, actor, "cancel_delivery", DeliveryState.CANCELLED, (DeliveryState.PENDING,)
+        )
 
-    def _admin(self, delivery_id: int, actor: str, action: str, state: DeliveryState) -> bool:
+    def _admin(
+        self,
+        delivery_id: int,
+        actor: str,
+        action: str,
+        state: DeliveryState,
+        allowed: tuple[DeliveryState, ...],
+    ) -> bool:
         now = utcnow()
         with self.sessions() as s, s.begin():
             row = s.get(Delivery, delivery_id)
-            if row is None or row.state != DeliveryState.PENDING:
+            if row is None or row.state not in allowed:
                 return False
+            if row.state == DeliveryState.REFUSED:
+                _reopen_study(s, row.study_id)
             row.state, row.next_try_at = state, now
             s.add(
                 AuditEvent(
@@ -272,7 +295,14 @@ class Outbox:
 
 
 def _settle_study(s: Session, study_id: int) -> None:
-    """A study is done once none of its deliveries is pending."""
+    """A study is done once none of its deliveries is pending.
+
+    Refused ones count as settled: nothing the daemon does will change them, and a study
+    left "delivering" would hide the refusal among the studies still in flight (and keep
+    its deliver stage counting for ever). The study shows "done" with its refusals beside
+    it (status page, API), not "failed": its analysis and every accepted result are fine,
+    and a study retry would re-analyse it only to be refused again.
+    """
     pending = s.scalars(
         select(Delivery.id).where(
             Delivery.study_id == study_id, Delivery.state == DeliveryState.PENDING
@@ -283,44 +313,8 @@ def _settle_study(s: Session, study_id: int) -> None:
         study.state = StudyState.DONE
 
 
-def _tls_context(files: tuple[str, str, str]) -> ssl.SSLContext:
-    """Verify the PACS against ``outputs.tls_ca`` (system CAs when empty); present our own
-    certificate when ``outputs.tls_cert``/``tls_key`` are set (PACS that require one)."""
-    ca, cert, key = files
-    context = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=ca or None)
-    if cert:
-        context.load_cert_chain(cert, key)
-    return context
-
-
-def _associate(
-    calling_ae: str, dest: PacsDestination, files: Any, tls_files: tuple[str, str, str]
-) -> Any:
-    ae = AE(ae_title=calling_ae)
-    contexts = set()
-    for path in files:
-        ds = dcmread(path, stop_before_pixels=True)
-        contexts.add((str(ds.SOPClassUID), str(ds.file_meta.TransferSyntaxUID)))
-    for sop_class, syntax in sorted(contexts):
-        ae.add_requested_context(sop_class, syntax)
-    ae.network_timeout = ae.acse_timeout = ae.dimse_timeout = 60
-    tls = (_tls_context(tls_files), dest.host) if dest.tls else None
-    assoc = ae.associate(
-        dest.host,
-        dest.port,
-        ae_title=dest.ae_title,
-        evt_handlers=[(evt.EVT_CONN_OPEN, _nodelay)],
-        tls_args=tls,
-    )
-    if not assoc.is_established:
-        raise DeliveryError(
-            f"PACS {dest.ae_title} at {dest.host}:{dest.port} did not accept the association"
-        )
-    return assoc
-
-
-def _nodelay(event: Any) -> None:
-    # pynetdicom has no option for it; without it every PDU waits for a delayed ACK.
-    sock = event.assoc.dul.socket.socket
-    if sock is not None:
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+def _reopen_study(s: Session, study_id: int) -> None:
+    """A refused delivery retried by an administrator makes its done study deliver again."""
+    study = s.get(Study, study_id)
+    if study is not None and study.state == StudyState.DONE:
+        study.state = StudyState.DELIVERING

@@ -22,7 +22,10 @@ class StudyState(StrEnum):
     PROCESSING = "processing"
     # Results written and the report committed; deliveries pending. Done once none is.
     DELIVERING = "delivering"
-    # Nothing left to do: every delivery done or cancelled, or no destination configured.
+    # Nothing left to do: every delivery done, cancelled or refused, or no destination
+    # configured. A refused delivery does not keep it "delivering": the refusal waits for a
+    # person (the PACS's or our destination's configuration), not for the daemon; the status
+    # page and the API show such a study as done with its refused deliveries beside it.
     DONE = "done"
     # Could not be analysed; the reason is in ``studies.error``. An administrator's retry
     # queues it again.
@@ -53,6 +56,11 @@ class DeliveryState(StrEnum):
     DONE = "done"
     # Stopped by an administrator; never sent again.
     CANCELLED = "cancelled"
+    # The destination refused it in a way a retry cannot change (PACS accepted the
+    # association but no presentation context for the object's SOP class, or a refusal
+    # status such as 0x0122 or 0xA9xx); the reason is in ``last_error``. Not tried again
+    # unless an administrator retries it (after the PACS or our destination was changed).
+    REFUSED = "refused"
 
 
 class ReportStatus(StrEnum):

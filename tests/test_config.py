@@ -124,3 +124,39 @@ def test_retention_days_defaults_to_30_and_refuses_negatives(tmp_path: Path) -> 
     for bad in ("-1", "1.5", "'30'"):
         with pytest.raises(ConfigError, match=r"storage\.retention_days"):
             load_config(write(tmp_path, f"[storage]\nretention_days = {bad}\n"), environ={})
+
+
+PACS = 'ae_title = "PACS", host = "127.0.0.1", port = 104'
+
+
+def test_pacs_results_and_sr_class_default_and_load(tmp_path: Path) -> None:
+    default = load_config(write(tmp_path, f"[outputs]\npacs = [{{{PACS}}}]\n"), environ={})
+    assert default.outputs.pacs[0].results == ("seg", "sr")
+    assert default.outputs.pacs[0].sr == "comprehensive3d"
+    text = f'[outputs]\npacs = [{{{PACS}, results = ["sr"], sr = "comprehensive"}}]\n'
+    pacs = load_config(write(tmp_path, text), environ={}).outputs.pacs[0]
+    assert (pacs.results, pacs.sr) == (("sr",), "comprehensive")
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (
+            'results = ["seg", "keyimages"]',
+            "outputs.pacs[0].results[1] must be one of 'seg' or 'sr', got 'keyimages'",
+        ),
+        ("results = []", "outputs.pacs[0].results must name at least one of seg, sr"),
+        ('results = "seg"', "outputs.pacs[0].results must be an array"),
+        (
+            'sr = "enhanced"',
+            "outputs.pacs[0].sr must be one of 'comprehensive3d' or 'comprehensive', "
+            "got 'enhanced'",
+        ),
+    ],
+)
+def test_bad_pacs_results_and_sr_class_name_the_key(
+    tmp_path: Path, extra: str, message: str
+) -> None:
+    path = write(tmp_path, f"[outputs]\npacs = [{{{PACS}, {extra}}}]\n")
+    with pytest.raises(ConfigError, match=message.replace("[", r"\[").replace("]", r"\]")):
+        load_config(path, environ={})

@@ -33,7 +33,7 @@ NOT_SHIPPED = ("bench", "phantom")
 STORED = {
     StudyState: {"receiving", "queued", "processing", "delivering", "done", "failed"},
     JobState: {"queued", "processing", "done", "failed"},
-    DeliveryState: {"pending", "done", "cancelled"},
+    DeliveryState: {"pending", "done", "cancelled", "refused"},
     ReportStatus: {"preliminary"},
 }
 IN_MEMORY: tuple[type[StrEnum], ...] = (ChildState, WorkerState, PoolPhase)

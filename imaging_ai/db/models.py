@@ -206,6 +206,8 @@ class Delivery(Base):
     next_try_at: Mapped[datetime] = mapped_column(UTCDateTime())
     last_error: Mapped[str] = mapped_column(Text, default="")
     created_at: Mapped[datetime] = mapped_column(UTCDateTime())
+    # When the outbox last finished trying it (delivered, failed or refused).
+    last_attempt_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
     delivered_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
 
 

@@ -1,10 +1,12 @@
 """Takes an analysis and its job and gives the result files on disk, ready for the outbox.
 
-One folder per job under ``<data_dir>/results/<study uid>/<job id>/``: ``seg.dcm``, ``sr.dcm``,
-``oru-<n>.hl7`` (one per RIS: the message header names its receiver), ``fhir.json``, and
-``key-<n>.png`` per finding for the status page (never delivered). Each
-file is written atomically (temporary name, fsync, rename). The same job rebuilt gives the
-same bytes (deterministic UIDs, pinned creation time), so a retry resends the same objects.
+One folder per job under ``<data_dir>/results/<study uid>/<job id>/``: ``seg.dcm``, ``sr.dcm``
+(Comprehensive 3D SR), ``sr-comprehensive.dcm`` where a PACS takes Comprehensive SR instead
+(``[[outputs.pacs]] sr``), ``oru-<n>.hl7`` (one per RIS: the message header names its
+receiver), ``fhir.json``, and ``key-<n>.png`` per finding for the status page (never
+delivered). Each file is written atomically (temporary name, fsync, rename). The same job
+rebuilt gives the same bytes (deterministic UIDs, pinned creation time), so a retry resends
+the same objects.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from imaging_ai.outputs.keyimages import write_key_images
 from imaging_ai.outputs.messages import MessageBuilder, RisMessage, submit
 from imaging_ai.outputs.seg import encode_segmentation
 from imaging_ai.outputs.sr import build_measurement_report
+from imaging_ai.outputs.sr.classes import COMPREHENSIVE_3D, sr_instance_uid
 from imaging_ai.outputs.uids import output_uids
 
 log = logging.getLogger(__name__)
@@ -53,6 +56,8 @@ class EncodedResults:
     sr: bytes | memoryview
     messages: tuple[RisMessage, ...]
     fhir: bytes
+    # The SR in the other classes PACS destinations take: (class, SOP Instance UID, bytes).
+    other_srs: tuple[tuple[str, str, bytes | memoryview], ...] = ()
 
 
 def encode_results(
@@ -88,6 +93,14 @@ def encode_results(
     )
     sr_bytes = _encode_dicom(sr)
     ready("sr", sr_bytes)
+    others = []
+    for sr_class in _other_sr_classes(config):
+        other = build_measurement_report(
+            analysis, headers, seg, algorithm, uids, impression=impression, created=created,
+            sr_class=sr_class,
+        )  # fmt: skip
+        others.append((sr_class, sr_instance_uid(uids, sr_class), _encode_dicom(other)))
+        ready(f"sr-{sr_class}", others[-1][2])
     messages = pending.result()
     for n, message in enumerate(messages.orus):
         ready(f"oru-{n}", message.data)
@@ -99,7 +112,14 @@ def encode_results(
         sr=sr_bytes,
         messages=messages.orus,
         fhir=messages.fhir,
+        other_srs=tuple(others),
     )
+
+
+def _other_sr_classes(config: Config) -> list[str]:
+    """The SR classes other than Comprehensive 3D SR that a PACS destination takes."""
+    wanted = {d.sr for d in config.outputs.pacs if "sr" in d.results}
+    return sorted(wanted - {COMPREHENSIVE_3D})
 
 
 def write_results(
@@ -143,7 +163,7 @@ def write_results(
         fsync_path(directory)
     payloads = [
         Payload("seg", paths["seg"], encoded.seg_uid),
-        Payload("sr", paths["sr"], encoded.sr_uid),
+        *_sr_payloads(config, paths, encoded),
     ]
     for n, message in enumerate(encoded.messages):
         payloads.append(
@@ -153,10 +173,27 @@ def write_results(
     return ResultFiles(folder, tuple(payloads), fhir, key_images)
 
 
+def _sr_payloads(config: Config, paths: dict[str, Path], encoded: EncodedResults) -> list[Payload]:
+    """One SR for every PACS that takes SR, or, where one takes another class, each PACS its
+    class's SR (a different object, under its own UID)."""
+    if not encoded.other_srs:
+        return [Payload("sr", paths["sr"], encoded.sr_uid)]
+    uids = {sr_class: uid for sr_class, uid, _ in encoded.other_srs}
+    return [
+        Payload("sr", paths["sr"], encoded.sr_uid, destination=d.key)
+        if d.sr == COMPREHENSIVE_3D
+        else Payload("sr", paths[f"sr-{d.sr}"], uids[d.sr], destination=d.key)
+        for d in config.outputs.pacs
+        if "sr" in d.results
+    ]
+
+
 _FILE_NAMES = {"seg": "seg.dcm", "sr": "sr.dcm", "fhir": "fhir.json"}
 
 
 def _file_name(name: str) -> str:
+    if name.startswith("sr-"):
+        return f"{name}.dcm"
     return _FILE_NAMES.get(name) or f"{name}.hl7"
 
 

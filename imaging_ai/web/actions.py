@@ -62,9 +62,10 @@ ACTIONS = {
                "Queued {what} studies are processed again, earliest deadline first.",
                "Class {what} resumed."),
         Action("retry_delivery", "delivery", "Retry now", "Try delivery {what} now?",
-               "It is sent at once instead of at its next scheduled try.",
+               "It is sent at once instead of at its next scheduled try (a refused one: once "
+               "the PACS or its destination's configuration was changed).",
                "Delivery {what} will be tried now.",
-               "Delivery {what} was not pending: nothing changed."),
+               "Delivery {what} was neither pending nor refused: nothing changed."),
         Action("cancel_delivery", "delivery", "Cancel", "Stop trying delivery {what}?",
                "This result is not sent to this destination unless the study is processed "
                "again.",

@@ -14,8 +14,9 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from imaging_ai.db.models import AuditEvent, Instance, Job, Report, Series, Study
+from imaging_ai.db.models import AuditEvent, Delivery, Instance, Job, Report, Series, Study
 from imaging_ai.db.session import utcnow
+from imaging_ai.states import DeliveryState
 from imaging_ai.web.auth import Principal
 from imaging_ai.web.context import WebContext
 
@@ -65,14 +66,15 @@ class RisApi:
         return JSONResponse({"studies": rows})
 
     def get_study(self, request: Request) -> Response:
-        """One study by Study Instance UID."""
+        """One study by Study Instance UID, with its deliveries."""
         self.require(request, "ris", "admin")
         uid = request.path_params["study_uid"]
         with self.ctx.sessions() as s:
             study = s.scalars(select(Study).where(Study.study_instance_uid == uid)).first()
             if study is None:
                 raise HTTPException(404, f"no study with Study Instance UID {uid}")
-            return JSONResponse(study_json(s, study))
+            deliveries = [delivery_json(d) for d in study_deliveries(s, study.id)]
+            return JSONResponse({**study_json(s, study), "deliveries": deliveries})
 
     def get_report(self, request: Request) -> Response:
         """The report of a study (audited)."""
@@ -199,6 +201,28 @@ def study_json(s: Session, study: Study) -> dict[str, Any]:
         "completion_reason": study.completion_reason or None,
         "error": study.error or None,
         "notes": list(job.notes) if job is not None else [],
+    }
+
+
+def study_deliveries(s: Session, study_id: int) -> list[Delivery]:
+    """A study's deliveries, oldest first."""
+    return list(
+        s.scalars(select(Delivery).where(Delivery.study_id == study_id).order_by(Delivery.id))
+    )
+
+
+def delivery_json(d: Delivery) -> dict[str, Any]:
+    """One delivery as RIS and radiology IT see it: what went where, its state and why."""
+    return {
+        "result": d.kind,
+        "destination": d.destination,
+        "state": d.state,
+        "attempts": d.attempts,
+        "last_error": d.last_error or None,
+        "created_at": iso(d.created_at),
+        "last_attempt_at": iso(d.last_attempt_at),
+        "next_try_at": iso(d.next_try_at) if d.state == DeliveryState.PENDING else None,
+        "delivered_at": iso(d.delivered_at),
     }
 
 

@@ -91,11 +91,12 @@ class Turnaround:
     results_s: float | None
     report_s: float | None
     delivered_s: float | None
+    refused: int = 0  # deliveries the destination refused for good
 
 
 @dataclass(frozen=True)
 class DeliveryRow:
-    """A delivery that is retrying or was cancelled."""
+    """A delivery that is retrying, was refused or was cancelled."""
 
     id: int
     study_uid: str
@@ -106,6 +107,7 @@ class DeliveryRow:
     attempts: int
     next_try_at: datetime
     last_error: str
+    last_attempt_at: datetime | None = None
 
 
 @dataclass(frozen=True)
@@ -222,6 +224,7 @@ def recent(s: Session, now: datetime, limit: int = LIST_LIMIT) -> list[Turnaroun
     )
     pairs = s.execute(query).all()
     reports, delivered = _milestones(s, [study.id for study, _ in pairs])
+    refused = refused_counts(s, [study.id for study, _ in pairs])
     out = []
     for study, job in pairs:
         finished = job.finished_at if job else None
@@ -231,9 +234,20 @@ def recent(s: Session, now: datetime, limit: int = LIST_LIMIT) -> list[Turnaroun
                 _since(study.completed_at, finished),
                 _since(study.completed_at, reports.get(study.id)),
                 _since(study.completed_at, delivered.get(study.id)),
+                refused.get(study.id, 0),
             )
         )
     return out
+
+
+def refused_counts(s: Session, ids: Sequence[int]) -> dict[int, int]:
+    """How many deliveries of each study were refused for good."""
+    rows = s.execute(
+        select(Delivery.study_id, func.count())
+        .where(Delivery.study_id.in_(ids), Delivery.state == DeliveryState.REFUSED)
+        .group_by(Delivery.study_id)
+    )
+    return {i: n for i, n in rows}
 
 
 def _milestones(
@@ -289,19 +303,30 @@ def late(s: Session, limit: int = LIST_LIMIT) -> list[StudyRow]:
 
 
 def deliveries(s: Session, limit: int = LIST_LIMIT) -> list[DeliveryRow]:
-    """Deliveries that failed at least once and are still retrying, or were cancelled."""
+    """Deliveries that failed at least once and are still retrying, were refused for good, or
+    were cancelled."""
     retrying = and_(Delivery.state == DeliveryState.PENDING, Delivery.attempts > 0)
+    ended = Delivery.state.in_((DeliveryState.REFUSED, DeliveryState.CANCELLED))
     query = (
         select(Delivery, Study.study_instance_uid, Study.accession_number)
         .join(Study, Study.id == Delivery.study_id)
-        .where(or_(retrying, Delivery.state == DeliveryState.CANCELLED))
+        .where(or_(retrying, ended))
         .order_by(Delivery.state.desc(), Delivery.created_at.desc())
         .limit(limit)
     )
     rows = s.execute(query)
     return [
         DeliveryRow(
-            d.id, uid, acc, d.kind, d.destination, d.state, d.attempts, d.next_try_at, d.last_error
+            d.id,
+            uid,
+            acc,
+            d.kind,
+            d.destination,
+            d.state,
+            d.attempts,
+            d.next_try_at,
+            d.last_error,
+            d.last_attempt_at,
         )
         for d, uid, acc in rows
     ]

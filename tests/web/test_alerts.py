@@ -40,6 +40,7 @@ def test_rules_are_complete() -> None:
         "turnaround_seconds",
         "deadline_misses",
         "deliveries_failing",
+        "deliveries_refused",
         "engine_fallbacks",
         "spool_free_bytes",
         "associations_refused",

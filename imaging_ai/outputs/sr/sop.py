@@ -36,6 +36,7 @@ from imaging_ai.outputs.common import (
     with_type2,
 )
 from imaging_ai.outputs.seg import EncodedSegmentation
+from imaging_ai.outputs.sr.classes import COMPREHENSIVE_3D, SR_IODS, sr_instance_uid
 from imaging_ai.outputs.sr.references import placeholder, put_source_images
 from imaging_ai.outputs.uids import OutputUids
 
@@ -56,7 +57,8 @@ def build_measurement_report(
     impression: str = "",
     created: datetime | None = None,
     series_number: int = SR_SERIES_NUMBER,
-) -> hd.sr.Comprehensive3DSR:
+    sr_class: str = COMPREHENSIVE_3D,
+) -> hd.sr.Comprehensive3DSR | hd.sr.ComprehensiveSR:
     """Build the measurement report of one analysed series.
 
     Parameters
@@ -79,6 +81,8 @@ def build_measurement_report(
         Content and series date/time; default now. Pass the job's time for identical rebuilds.
     series_number
         SeriesNumber of the SR series.
+    sr_class
+        The IOD (:mod:`~imaging_ai.outputs.sr.classes`): "comprehensive3d" or "comprehensive".
     """
     sources, _ = ordered_sources(analysis, source_datasets)
     encoded = isinstance(segmentation, EncodedSegmentation) and segmentation.segments is not None
@@ -97,7 +101,7 @@ def build_measurement_report(
     when = (created or datetime.now(UTC)).astimezone()
     seg = segmentation.dataset if isinstance(segmentation, EncodedSegmentation) else segmentation
     evidence = [with_type2(sources[0]), *sources[1:], seg]
-    sr = _document(report[0], evidence, algorithm, uids, when, series_number)
+    sr = _document(report[0], evidence, algorithm, uids, when, series_number, sr_class)
     pin_clock(sr, when)
     if isinstance(segmentation, EncodedSegmentation) and segmentation.segments is not None:
         put_source_images(sr, {s.number: s.sources for s in segmentation.segments})
@@ -111,15 +115,16 @@ def _document(
     uids: OutputUids,
     when: datetime,
     series_number: int,
-) -> hd.sr.Comprehensive3DSR:
+    sr_class: str = COMPREHENSIVE_3D,
+) -> hd.sr.Comprehensive3DSR | hd.sr.ComprehensiveSR:
     """The SR instance: PARTIAL, UNVERIFIED and PRELIMINARY, patient and study from evidence."""
     clock = when.time().replace(microsecond=0, tzinfo=None)
-    return hd.sr.Comprehensive3DSR(
+    return SR_IODS[sr_class](
         evidence=evidence,
         content=content,
         series_instance_uid=uids.sr_series,
         series_number=series_number,
-        sop_instance_uid=uids.sr_instance,
+        sop_instance_uid=sr_instance_uid(uids, sr_class),
         instance_number=1,
         manufacturer=MANUFACTURER,
         is_complete=False,

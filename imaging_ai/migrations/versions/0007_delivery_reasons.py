@@ -1,0 +1,26 @@
+"""deliveries: when each was last tried (a refused delivery's reason keeps its time)
+
+Revision ID: 0007
+Revises: 0006
+Create Date: 2026-12-08 10:00:00.000000
+"""
+
+from collections.abc import Sequence
+
+import sqlalchemy as sa
+from alembic import op
+
+revision: str = "0007"
+down_revision: str | None = "0006"
+branch_labels: str | Sequence[str] | None = None
+depends_on: str | Sequence[str] | None = None
+
+
+def upgrade() -> None:
+    with op.batch_alter_table("deliveries", schema=None) as batch_op:
+        batch_op.add_column(sa.Column("last_attempt_at", sa.DateTime(timezone=True), nullable=True))
+
+
+def downgrade() -> None:
+    with op.batch_alter_table("deliveries", schema=None) as batch_op:
+        batch_op.drop_column("last_attempt_at")
