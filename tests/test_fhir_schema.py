@@ -35,7 +35,9 @@ def test_the_file_is_the_published_schema() -> None:
     assert hashlib.sha256(gzip.decompress(SCHEMA.read_bytes())).hexdigest() == PUBLISHED_SHA256
     schema = fhir_schema()
     assert schema["id"] == "http://hl7.org/fhir/json-schema/4.0"
-    assert "4.0.1" in schema["definitions"]["CapabilityStatement"]["properties"]["fhirVersion"]["enum"]
+    assert (
+        "4.0.1" in schema["definitions"]["CapabilityStatement"]["properties"]["fhirVersion"]["enum"]
+    )
 
 
 @pytest.mark.parametrize(
