@@ -28,6 +28,7 @@ from imaging_ai.web.context import AdminActions, WebContext
 from imaging_ai.web.fhir import FhirApi, operation_outcome
 from imaging_ai.web.findings import KeyImages
 from imaging_ai.web.headers import SecurityHeaders
+from imaging_ai.web.openapi import openapi_routes
 from imaging_ai.web.pages import Pages
 from imaging_ai.web.session import SignInThrottle
 from imaging_ai.web.signin import SignIn
@@ -60,6 +61,7 @@ def create_app(ctx: WebContext, throttle: SignInThrottle | None = None) -> Starl
     routes = [
         *RisApi(ctx).routes(),
         *FhirApi(ctx).routes(),
+        *openapi_routes(),
         Route("/healthz", healthz),
         Route("/readyz", readyz),
         Route("/metrics", metrics_endpoint(ctx)),
