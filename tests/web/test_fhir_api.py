@@ -35,6 +35,7 @@ from imaging_ai.outputs.fhir import diagnostic_report_bundle
 from imaging_ai.outputs.uids import output_uids
 from imaging_ai.web.app import WebContext, create_app
 from imaging_ai.web.auth import TokenStore
+from imaging_ai.web.fhir_resources import Publication, StoredReport, published_entries, searchset
 from tests.fhir_schema import assert_valid_fhir
 
 RIS = "ris-token-0123456789abcdef"
@@ -375,3 +376,20 @@ def test_reads_and_searches_are_audited_without_patient_identifiers(
         "fhir Observation/1-" + "0" * 32,
     ]
     assert not any("PID-A" in t for t in targets)
+
+
+def test_the_report_status_is_the_stored_one() -> None:
+    """What a re-analysis will store ("amended") is what the DiagnosticReport says."""
+    case = CASES[0]
+    bundle = diagnostic_report_bundle(content("1.2.826.0.1.77.9", 9, case, T0))
+    report = StoredReport(9, "amended", T0, json.loads(json.dumps(bundle)))
+    entries = published_entries(report, Publication("https://h/fhir"))
+    (published,) = [
+        e["resource"] for e in entries if e["resource"]["resourceType"] == "DiagnosticReport"
+    ]
+    assert published["status"] == "amended"
+    assert (
+        published["id"].startswith("9-")
+        and published["meta"]["lastUpdated"] == "2026-03-01T09:00:00+00:00"
+    )
+    assert_valid_fhir(searchset([report], Publication("https://h/fhir"), "https://h/fhir/x"))
