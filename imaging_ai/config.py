@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import re
 import socket
 import tomllib
 from collections.abc import Mapping
@@ -19,6 +20,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import (
+    AfterValidator,
     BeforeValidator,
     ConfigDict,
     Field,
@@ -293,6 +295,42 @@ class OutputsConfig:
     tls_key: StrictStr = ""
 
 
+def _fhir_base_url(value: str) -> str:
+    """An absolute http(s) URL without query or fragment, its trailing slash dropped; or ""."""
+    if value and not re.fullmatch(r"https?://[^\s/?#]+(/[^\s?#]*)?", value):
+        raise ValueError("must be an absolute http:// or https:// URL without ? or #")
+    return value.rstrip("/")
+
+
+def _identifier_system(value: str) -> str:
+    """An absolute URI (FHIR Identifier.system), urn:oid: followed by a valid OID; or ""."""
+    if value and not re.fullmatch(r"[A-Za-z][A-Za-z0-9+.-]*:\S+", value):
+        raise ValueError('must be an absolute URI such as "urn:oid:1.2.3" or "https://..."')
+    oid = value.removeprefix("urn:oid:")
+    if oid != value and not re.fullmatch(r"[0-2](\.(0|[1-9][0-9]*))+", oid):
+        raise ValueError("must be urn:oid: followed by an OID (digits and dots, as 1.2.840.1)")
+    return value
+
+
+IdentifierSystem = Annotated[StrictStr, AfterValidator(_identifier_system)]
+
+
+@dataclass(frozen=True)
+class FhirConfig:
+    """The FHIR R4 API (``/fhir``): the address it gives its resources, the identifier systems."""
+
+    __pydantic_config__ = _TABLE
+
+    # The FHIR base URL as RIS reaches it (a proxy's address where there is one), e.g.
+    # "https://imaging-ai.hospital.example/fhir": fullUrl = base_url/Type/id. Empty: taken from
+    # each request (scheme, host and port as the request names them, then /fhir).
+    base_url: Annotated[StrictStr, AfterValidator(_fhir_base_url)] = ""
+    # Identifier.system of the patient identifier (DICOM Patient ID) and of the accession number.
+    # Empty: the identifier is published without a system.
+    patient_identifier_system: IdentifierSystem = ""
+    accession_identifier_system: IdentifierSystem = ""
+
+
 @dataclass(frozen=True)
 class EnginesConfig:
     """Models and how to run them."""
@@ -341,6 +379,7 @@ class Config:
     engines: EnginesConfig = field(default_factory=EnginesConfig)
     outputs: OutputsConfig = field(default_factory=OutputsConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
+    fhir: FhirConfig = field(default_factory=FhirConfig)
 
 
 _SCHEMA = TypeAdapter(Config)
@@ -435,6 +474,8 @@ def _describe(error: ErrorDetails) -> str:
         return f"{key} must be {_BOUNDS[kind]} {bound:g}, got {value!r}"
     if kind == "literal_error":
         return f"{key} must be one of {ctx['expected']}, got {value!r}"
+    if kind == "value_error":
+        return f"{key} {ctx['error']}, got {value!r}"
     return f"{key}: {error['msg'].lower()}, got {value!r}"
 
 

@@ -40,6 +40,7 @@ def test_example_documents_every_key_and_loads() -> None:
         "engines",
         "outputs",
         "logging",
+        "fhir",
     ):
         for name in type(getattr(config, section)).__dataclass_fields__:
             assert f"{name} =" in text or f"{name}=" in text, f"{section}.{name} undocumented"
@@ -94,6 +95,11 @@ def test_env_override_of_a_table_array() -> None:
         ("[dicom\n", {}, "not valid TOML"),
         ("[logging]\nformat = 'xml'\n", {}, 'logging.format must be "text" or "json", got \'xml\''),
         ("", {"IMAGING_AI_LOGGING__FORMAT": "JSON"}, "logging.format"),
+        ("[fhir]\nbase_url = 'imaging-ai/fhir'\n", {}, "fhir.base_url must be an absolute"),
+        ("[fhir]\nbase_url = 'https://h/fhir?x=1'\n", {}, "fhir.base_url must be an absolute"),
+        ("[fhir]\npatient_identifier_system = 'MRN'\n", {}, "fhir.patient_identifier_system"),
+        ("[fhir]\naccession_identifier_system = 'urn:oid:1.02'\n", {}, "followed by an OID"),
+        ("[fhir]\nbase_url = 1\n", {}, "fhir.base_url must be a string, got 1"),
     ],
 )
 def test_bad_values_name_the_key(
@@ -109,6 +115,19 @@ def test_secrets_are_masked(tmp_path: Path) -> None:
     config = load_config(path, environ={})
     assert token not in repr(config)
     assert config.http.tokens[0].token == token
+
+
+def test_fhir_base_url_and_identifier_systems(tmp_path: Path) -> None:
+    assert load_config(None, environ={}).fhir.base_url == ""
+    text = (
+        "[fhir]\nbase_url = 'https://ai.hospital.example/fhir/'\n"
+        "patient_identifier_system = 'urn:oid:1.2.840.99.1'\n"
+        "accession_identifier_system = 'https://ris.hospital.example/accession'\n"
+    )
+    fhir = load_config(write(tmp_path, text), environ={}).fhir
+    assert fhir.base_url == "https://ai.hospital.example/fhir"  # the trailing slash dropped
+    assert fhir.patient_identifier_system == "urn:oid:1.2.840.99.1"
+    assert fhir.accession_identifier_system == "https://ris.hospital.example/accession"
 
 
 def test_config_is_frozen() -> None:

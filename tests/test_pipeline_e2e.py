@@ -20,6 +20,7 @@ from imaging_ai_devkit.mllp_listener import RisListener
 from imaging_ai_devkit.phantom import PhantomSpec, generate, write_study
 
 from tests.conftest import wait_until
+from tests.fhir_schema import assert_valid_fhir
 
 pytestmark = pytest.mark.skipif(not OrthancPacs.available(), reason="needs Debian orthanc")
 
@@ -94,6 +95,7 @@ def test_orthanc_round_trip_and_ris(
     bundle = daemon.get("/fhir/DiagnosticReport?identifier=E2E-RIS-1")
     Bundle.model_validate(bundle)
     assert [str(issue) for issue in fhirkit.validate(bundle)] == []  # FHIR R4 4.0.1
+    assert_valid_fhir(bundle)
     assert bundle["type"] == "searchset" and bundle["total"] == 1
     [match] = [e["resource"] for e in bundle["entry"] if e["search"]["mode"] == "match"]
     assert match["resourceType"] == "DiagnosticReport" and match["status"] == "preliminary"

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import json
 from datetime import datetime
-from pathlib import Path
 from typing import Any
 
 from sqlalchemy import func, select
@@ -40,7 +38,6 @@ class RisApi:
             Route("/api/v1/studies/{study_uid}", self.get_study),
             Route("/api/v1/reports", self.list_reports),
             Route("/api/v1/reports/{study_uid}", self.get_report),
-            Route("/fhir/DiagnosticReport", self.fhir_search),
         ]
 
     def require(self, request: Request, *roles: str) -> Principal:
@@ -108,52 +105,6 @@ class RisApi:
             ).all()
             audit(s, who, "read_report", f"accession {accession}", request)
             return JSONResponse({"reports": [report_json(s, st, rp) for st, rp in rows]})
-
-    def fhir_search(self, request: Request) -> Response:
-        """``GET /fhir/DiagnosticReport?identifier=[system|]A``: a FHIR R4 searchset Bundle.
-
-        Each report's stored collection bundle is merged: its DiagnosticReport is a match,
-        the resources it refers to are included.
-        """
-        who = self.require(request, "ris", "admin")
-        identifier = request.query_params.get("identifier", "")
-        accession = identifier.rpartition("|")[2]
-        if not accession or len(accession) > 64:
-            raise HTTPException(
-                400, "query parameter identifier (the accession number) is required"
-            )
-        data_dir = Path(self.ctx.config.storage.data_dir)
-        with self.ctx.sessions() as s, s.begin():
-            reports = s.scalars(
-                select(Report)
-                .join(Study, Report.study_id == Study.id)
-                .where(Study.accession_number == accession)
-                .order_by(Report.created_at)
-            ).all()
-            audit(s, who, "read_report", f"fhir accession {accession}", request)
-            stored = [data_dir / r.findings.get("files", {}).get("fhir", "") for r in reports]
-        bundle = searchset(
-            [json.loads(p.read_bytes()) for p in stored if p.is_file()], str(request.url)
-        )
-        return JSONResponse(bundle, media_type="application/fhir+json")
-
-
-def searchset(collections: list[dict[str, Any]], url: str) -> dict[str, Any]:
-    """One FHIR searchset Bundle from stored collection Bundles, with search modes set."""
-    entries = []
-    for bundle in collections:
-        for entry in bundle.get("entry", []):
-            kind = entry["resource"]["resourceType"]
-            mode = "match" if kind == "DiagnosticReport" else "include"
-            entries.append({**entry, "search": {"mode": mode}})
-    matches = sum(1 for e in entries if e["search"]["mode"] == "match")
-    return {
-        "resourceType": "Bundle",
-        "type": "searchset",
-        "total": matches,
-        "link": [{"relation": "self", "url": url}],
-        "entry": entries,
-    }
 
 
 def _int_param(request: Request, name: str, default: int, low: int, high: int) -> int:

@@ -25,8 +25,10 @@ from imaging_ai.web.actions import Actions
 from imaging_ai.web.admin import AdminPages
 from imaging_ai.web.api import RisApi
 from imaging_ai.web.context import AdminActions, WebContext
+from imaging_ai.web.fhir import FhirApi, operation_outcome
 from imaging_ai.web.findings import KeyImages
 from imaging_ai.web.headers import SecurityHeaders
+from imaging_ai.web.openapi import openapi_routes
 from imaging_ai.web.pages import Pages
 from imaging_ai.web.session import SignInThrottle
 from imaging_ai.web.signin import SignIn
@@ -58,6 +60,8 @@ def create_app(ctx: WebContext, throttle: SignInThrottle | None = None) -> Starl
     pages = Pages(ctx)
     routes = [
         *RisApi(ctx).routes(),
+        *FhirApi(ctx).routes(),
+        *openapi_routes(),
         Route("/healthz", healthz),
         Route("/readyz", readyz),
         Route("/metrics", metrics_endpoint(ctx)),
@@ -115,13 +119,15 @@ def error_handler(pages: Pages) -> Callable[[Request, Exception], Awaitable[Resp
             code, message = exc.status_code, str(exc.detail)
         else:
             code, message = 500, "internal error: the daemon's log has the details"
+        headers = {"WWW-Authenticate": "Bearer"} if code == 401 else None
+        if request.url.path.startswith("/fhir/") or request.url.path == "/fhir":
+            return operation_outcome(code, message, headers)
         browser = request.url.path.startswith("/admin") and "authorization" not in request.headers
         if browser and code == 401:
             here = request.url.path + (f"?{request.url.query}" if request.url.query else "")
             return RedirectResponse(f"/admin/signin?next={quote(here)}", 303)
         if browser:
             return pages.render(request, "error.html", None, code, code=code, message=message)
-        headers = {"WWW-Authenticate": "Bearer"} if code == 401 else None
         return JSONResponse({"error": message}, status_code=code, headers=headers)
 
     return handle

@@ -21,6 +21,7 @@ from imaging_ai.errors import OutputError
 from imaging_ai.outputs.common import source_headers
 from imaging_ai.outputs.files import encode_results
 from imaging_ai.process import PERMANENT, encoded
+from tests.fhir_schema import assert_valid_fhir
 from tests.outputs.conftest import CREATED, IMPRESSION, Study
 
 BAD = {"PatientBirthDate": "19AB0304", "StudyTime": "25xx"}
@@ -117,6 +118,7 @@ def test_bad_demographics_reach_every_output_emptied(
     iso = f"{study_date[:4]}-{study_date[4:6]}-{study_date[6:]}"
     assert diagnostic["effectiveDateTime"] == iso
     assert [str(issue) for issue in fhirkit.validate(bundle)] == []
+    assert_valid_fhir(bundle)
 
 
 def test_an_encoding_error_is_permanent_and_quotes_no_value() -> None:

@@ -15,7 +15,8 @@ from fhir.resources.R4B.bundle import Bundle
 from imaging_ai.outputs.common import Report, build_report
 from imaging_ai.outputs.fhir import diagnostic_report_bundle
 from imaging_ai.outputs.uids import output_uids
-from imaging_ai.web.api import searchset
+from imaging_ai.web.fhir_resources import Publication, StoredReport, searchset
+from tests.fhir_schema import assert_valid_fhir
 from tests.outputs.conftest import ALGORITHM, CREATED, IMPRESSION, Study
 
 
@@ -34,7 +35,9 @@ def ris_answer(bundle: dict[str, Any]) -> dict[str, Any]:
     """What ``GET /fhir/DiagnosticReport?identifier=A`` answers: the stored bundle, merged."""
     stored = json.loads(json.dumps(bundle, indent=1))  # as written to fhir.json and read back
     url = "https://imaging-ai.local/fhir/DiagnosticReport?identifier=ACC-1"
-    answer: dict[str, Any] = json.loads(json.dumps(searchset([stored], url)))
+    report = StoredReport(7, "preliminary", CREATED, stored)
+    publication = Publication("https://imaging-ai.local/fhir")
+    answer: dict[str, Any] = json.loads(json.dumps(searchset([report], publication, url)))
     return answer
 
 
@@ -84,6 +87,8 @@ def test_bundle_and_ris_answer_are_valid_fhir_r4(
     assert fhirkit.FHIR_VERSION == "4.0.1"
     assert r4_issues(bundle) == []
     assert r4_issues(ris_answer) == []
+    assert_valid_fhir(bundle)
+    assert_valid_fhir(ris_answer)
     for entry in ris_answer["entry"]:
         assert r4_issues(entry["resource"]) == [], entry["fullUrl"]
     assert ris_answer["type"] == "searchset" and ris_answer["total"] == 1
@@ -242,6 +247,7 @@ def test_sparse_patient_still_validates(report: Report) -> None:
     sparse = diagnostic_report_bundle(dataclasses.replace(report, study=study))
     Bundle.model_validate(sparse)
     assert r4_issues(sparse) == []
+    assert_valid_fhir(sparse)
     assert resources(sparse, "Patient")[0]["gender"] == "unknown"
     for entry in sparse["entry"]:
         assert all(i.get("value") for i in entry["resource"].get("identifier", []))
@@ -250,6 +256,7 @@ def test_sparse_patient_still_validates(report: Report) -> None:
 def test_searchset_for_the_ris_api(report: Report) -> None:
     searchset = diagnostic_report_bundle(report, "searchset")
     parsed = Bundle.model_validate(searchset)
+    assert_valid_fhir(searchset)
     assert parsed.type == "searchset" and parsed.total == 1
     modes = {e["resource"]["resourceType"]: e["search"]["mode"] for e in searchset["entry"]}
     assert modes["DiagnosticReport"] == "match" and modes["Patient"] == "include"

@@ -23,6 +23,7 @@ from imaging_ai.outputs.hl7 import build_oru
 from imaging_ai.outputs.seg import encode_segmentation
 from imaging_ai.outputs.sr import build_measurement_report
 from imaging_ai.process import impression
+from tests.fhir_schema import assert_valid_fhir
 from tests.outputs.conftest import ALGORITHM, CREATED, Study, dciodvfy
 
 CAVEAT = (
@@ -148,6 +149,7 @@ def test_fhir_observation_component_and_conclusion(report: Report) -> None:
     bundle = json.loads(json.dumps(diagnostic_report_bundle(report)))
     Bundle.model_validate(bundle)
     assert [str(issue) for issue in fhirkit.validate(bundle)] == []
+    assert_valid_fhir(bundle)
     resources = [e["resource"] for e in bundle["entry"]]
     [diagnostic] = [r for r in resources if r["resourceType"] == "DiagnosticReport"]
     assert diagnostic["conclusion"].count(CAVEAT) == 1

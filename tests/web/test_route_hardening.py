@@ -10,7 +10,9 @@ from tests.web.conftest import ADMIN, RIS
 
 TRAVERSAL = ("..%2F..%2Fetc%2Fpasswd", "%2e%2e/%2e%2e/secret", "1.2.3/../../x", "\u00e9\u00e9")
 HUGE = "9" * 6_000
-OPEN = {"/healthz", "/readyz", "/metrics", "/", "/admin/signin"}
+# What the server can do, no patient data: FHIR clients read /fhir/metadata before they sign in.
+OPEN = {"/healthz", "/readyz", "/metrics", "/", "/admin/signin", "/fhir/metadata"}
+OPEN |= {"/api/v1/openapi.json"}
 
 
 def bearer(token: str) -> dict[str, str]:
