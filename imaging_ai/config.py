@@ -475,6 +475,8 @@ def _describe(error: ErrorDetails) -> str:
     if kind in _BOUNDS:
         bound = next(iter(ctx.values()))
         return f"{key} must be {_BOUNDS[kind]} {bound:g}, got {value!r}"
+    if kind == "value_error":  # a validator of ours: its message says what the value must be
+        return f"{key} {ctx['error']}, got {value!r}"
     if kind == "literal_error":
         return f"{key} must be one of {ctx['expected']}, got {value!r}"
     return f"{key}: {error['msg'].lower()}, got {value!r}"

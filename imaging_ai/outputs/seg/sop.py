@@ -7,7 +7,7 @@ does, and the lung volumes that SR, HL7 and FHIR report are measured over these 
 (``analyse``: a TID 1411 measurement is of the region its group references).
 
 The General Series module's Request Attributes Sequence names the requests of the source
-series (accession, order numbers, requested procedure): the SEG answers the same orders.
+series (accession, requested procedure and step): the SEG answers the same orders.
 
 Empty frames are omitted: a nodule spans a few slices of hundreds, so most frames of most
 segments are empty (a 300-slice study with six nodules: 424 of 2400 frames, 14 instead of 80
@@ -222,8 +222,9 @@ def reference_segmentation(
         content_label=SEG_LABEL,
         content_description=SEG_DESCRIPTION,
         # Type 2 in Content Identification; readers (dcmqi) warn without it. No person made
-        # this content, so the creator is the software, as the SR's observer is the device.
-        content_creator_name=MANUFACTURER,
+        # this content, so the creator is the software, as the SR's observer is the device;
+        # the caret makes it a family name (dciodvfy calls a bare name the retired PN form).
+        content_creator_name=f"{MANUFACTURER}^",
         series_description="AI lung and nodule segmentation (preliminary)",
         institution_name=algorithm.institution_name or None,
         content_date=when.date(),
@@ -240,7 +241,9 @@ def reference_segmentation(
 
 def _request_attributes(seg: hd.seg.Segmentation, source: Dataset) -> None:
     """Request Attributes Sequence (Type 3) of the source's requests, with the values the
-    source has (every attribute of an item is Type 3 or 1C on the source having it)."""
+    source has (every attribute of an item is Type 3 or 1C on the source having it). The
+    Request Attributes Macro has no placer or filler order number (dciodvfy: "not present in
+    standard DICOM IOD"): those are in the SR's Referenced Request Sequence only."""
     items = []
     for request in requests(source):
         item = Dataset()
@@ -250,8 +253,6 @@ def _request_attributes(seg: hd.seg.Segmentation, source: Dataset) -> None:
             "RequestedProcedureDescription": request.requested_procedure_description,
             "RequestedProcedureID": request.requested_procedure_id,
             "ScheduledProcedureStepID": request.scheduled_procedure_step_id,
-            "PlacerOrderNumberImagingServiceRequest": request.placer_order_number,
-            "FillerOrderNumberImagingServiceRequest": request.filler_order_number,
         }
         for keyword, value in values.items():
             if value:
