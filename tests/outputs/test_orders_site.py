@@ -285,8 +285,9 @@ def test_device_serial_number_is_the_installations(study: Study, tmp_path: Path)
     assert seg.DeviceSerialNumber == serial
     observer = {i.ConceptNameCodeSequence[0].CodeMeaning: i for i in sr.ContentSequence}
     assert observer["Device Observer Serial Number"].TextValue == serial
-    assert observer["Device Observer UID"].UID == device_uid(
-        dataclasses.replace(ALGORITHM, device_serial_number=serial)
+    assert (
+        device_uid(dataclasses.replace(ALGORITHM, device_serial_number=serial))
+        == observer["Device Observer UID"].UID
     )
 
 
