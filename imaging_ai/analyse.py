@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -113,6 +113,19 @@ def detection_probabilities(model: LoadedModel, volume: Volume) -> NDArray[np.fl
     return out
 
 
+def label_map(
+    lungs: NDArray[np.uint8], lesions: Sequence[Lesion], volume: Volume
+) -> tuple[NDArray[np.uint8], dict[str, float]]:
+    """The label map (lungs, each lesion's voxels marked LESION over them) and each lung's
+    volume in mL, measured over the lung voxels of that map: nodules apart, as the SEG's lung
+    segments are, which the SR's lung volume groups reference (TID 1411 measures the region
+    its group references), so that SEG, SR, HL7 and FHIR all mean the same region."""
+    labels = lungs.copy()
+    for lesion in lesions:
+        labels[tuple(lesion.voxel_index.T)] = LESION
+    return labels, organ_volumes_ml(labels, volume)
+
+
 def analyse(
     volume: Volume,
     lungs_model: LoadedModel,
@@ -140,15 +153,13 @@ def analyse(
     candidates = segment_reported(candidates, volume, lungs)
     timings["postprocess"] += time.perf_counter() - t
     lesions = tuple(c for c in candidates if c.reported)
-    labels = lungs.copy()
-    for lesion in lesions:
-        labels[tuple(lesion.voxel_index.T)] = LESION
+    labels, lung_volumes = label_map(lungs, lesions, volume)
     used = (lungs_model, nodule_model, *([candidate_model] if candidate_model else []))
     return Analysis(
         volume=volume,
         labels=labels,
         lesions=lesions,
-        organ_volumes_ml=organ_volumes_ml(lungs, volume),
+        organ_volumes_ml=lung_volumes,
         models={m.card.name: _model_id(m.card) for m in used},
         timings_s=timings,
         candidates=tuple(candidates),

@@ -14,6 +14,7 @@ import os
 import re
 import socket
 import tomllib
+import zoneinfo
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -78,6 +79,17 @@ def _comma_separated(value: Any) -> Any:
 def _one_or_more(value: Any) -> Any:
     """A string or an array of strings."""
     return (value,) if isinstance(value, str) else _array(value)
+
+
+def _time_zone(name: str) -> str:
+    """An IANA time zone name that this host's zone database knows; "" is the host's zone."""
+    if not name:
+        return name
+    try:
+        zoneinfo.ZoneInfo(name)
+    except (zoneinfo.ZoneInfoNotFoundError, ValueError):
+        raise ValueError("must be an IANA time zone name such as 'Europe/Berlin'") from None
+    return name
 
 
 Strings = Annotated[tuple[StrictStr, ...], BeforeValidator(_comma_separated)]
@@ -280,6 +292,38 @@ class RisDestination:
 
 
 @dataclass(frozen=True)
+class SiteConfig:
+    """The hospital the daemon serves: its name in the results, its clock, this device."""
+
+    __pydantic_config__ = _TABLE
+
+    # InstitutionName (0008,0080) of the SEG and SR; "" copies the source images' own.
+    institution: StrictStr = ""
+    # The zone of the scanners' clocks: DICOM dates and times without TimezoneOffsetFromUTC
+    # are read in it (HL7, FHIR, the status page). "" is this host's zone.
+    time_zone: Annotated[StrictStr, AfterValidator(_time_zone)] = ""
+    # DeviceSerialNumber of our SEG and SR (and the SR's device observer); "" is an
+    # identifier made once and kept in <data_dir>/device-serial-number.
+    device_serial_number: StrictStr = ""
+
+
+@dataclass(frozen=True)
+class Hl7Config:
+    """How our HL7 v2 messages name their sender (MSH-3, MSH-4) and their purpose (MSH-11).
+
+    The same for every RIS: we are one sending application. What each RIS is called
+    (MSH-5, MSH-6) is set on its ``[[outputs.ris]]`` entry.
+    """
+
+    __pydantic_config__ = _TABLE
+
+    sending_application: StrictStr = "IMAGING_AI"
+    sending_facility: StrictStr = ""
+    # P production, T training (a test RIS), D debugging: HL7 table 0103.
+    processing_id: Literal["P", "T", "D"] = "P"
+
+
+@dataclass(frozen=True)
 class OutputsConfig:
     """Where results go; every delivery is retried with backoff until it succeeds."""
 
@@ -289,6 +333,7 @@ class OutputsConfig:
     ris: Annotated[tuple[RisDestination, ...], BeforeValidator(_array)] = ()
     retry_min_s: Seconds = 5.0
     retry_max_s: Seconds = 3600.0
+    # Deprecated: [site] institution. Still read (with a warning at start) where that is unset.
     institution: StrictStr = ""
     tls_ca: StrictStr = ""
     tls_cert: StrictStr = ""
@@ -380,6 +425,14 @@ class Config:
     outputs: OutputsConfig = field(default_factory=OutputsConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     fhir: FhirConfig = field(default_factory=FhirConfig)
+    site: SiteConfig = field(default_factory=SiteConfig)
+    hl7: Hl7Config = field(default_factory=Hl7Config)
+
+    @property
+    def institution(self) -> str:
+        """The configured InstitutionName: ``[site] institution``, else the deprecated
+        ``[outputs] institution``; "" copies the source images' own."""
+        return self.site.institution or self.outputs.institution
 
 
 _SCHEMA = TypeAdapter(Config)
@@ -472,6 +525,8 @@ def _describe(error: ErrorDetails) -> str:
     if kind in _BOUNDS:
         bound = next(iter(ctx.values()))
         return f"{key} must be {_BOUNDS[kind]} {bound:g}, got {value!r}"
+    if kind == "value_error":  # a validator of ours: its message says what the value must be
+        return f"{key} {ctx['error']}, got {value!r}"
     if kind == "literal_error":
         return f"{key} must be one of {ctx['expected']}, got {value!r}"
     if kind == "value_error":
@@ -486,6 +541,8 @@ def _validate(config: Config) -> None:
     _validate_priority(config.priority)
     _validate_engines(config.engines)
     _validate_outputs(config.outputs)
+    _validate_site(config)
+    _validate_hl7(config.hl7)
     node = config.storage.node_name
     if (node and not all(c.isalnum() or c in "._-" for c in node)) or node in (".", ".."):
         raise ConfigError(
@@ -561,10 +618,62 @@ def _validate_outputs(o: OutputsConfig) -> None:
                 f"outputs.pacs[{i}].results must name at least one of "
                 f"{', '.join(PACS_RESULTS)} (remove the destination to send it nothing)"
             )
+    for i, ris in enumerate(o.ris):
+        key = f"outputs.ris[{i}]"
+        _validate_hd(f"{key}.receiving_application", ris.receiving_application, required=True)
+        _validate_hd(f"{key}.receiving_facility", ris.receiving_facility, required=False)
     if o.retry_min_s > o.retry_max_s:
         raise ConfigError(
             f"outputs.retry_min_s must be <= outputs.retry_max_s, got {o.retry_min_s}"
         )
+
+
+def deprecations(config: Config) -> tuple[str, ...]:
+    """What the configuration uses that is deprecated, in words to log at start."""
+    if config.outputs.institution and not config.site.institution:
+        return ("outputs.institution is deprecated: set [site] institution instead",)
+    return ()
+
+
+def _validate_long_string(key: str, value: str) -> None:
+    """A DICOM LO value: at most 64 characters, no backslash (it separates values)."""
+    if len(value) > 64 or "\\" in value or any(c in value for c in "\r\n\f\x1b"):
+        raise ConfigError(
+            f"{key} must be at most 64 characters without backslash or control characters "
+            f"(DICOM LO), got {value!r}"
+        )
+
+
+def _validate_site(config: Config) -> None:
+    site, old = config.site, config.outputs.institution
+    _validate_long_string("site.institution", site.institution)
+    _validate_long_string("outputs.institution", old)
+    _validate_long_string("site.device_serial_number", site.device_serial_number)
+    if site.institution and old and site.institution != old:
+        raise ConfigError(
+            "site.institution and the deprecated outputs.institution differ; "
+            f"remove outputs.institution (got {site.institution!r} and {old!r})"
+        )
+
+
+# The HL7 v2 delimiters of MSH-1/MSH-2 as this daemon writes them (|^~\&).
+_HL7_DELIMITERS = frozenset("|^~\\&")
+
+
+def _validate_hd(key: str, value: str, required: bool) -> None:
+    """An HL7 HD namespace ID (IS, at most 20 characters in v2.5.1): printable ASCII
+    without the message's delimiters, which would split the field."""
+    ok = len(value) <= 20 and value.isascii() and value.isprintable()
+    if not ok or _HL7_DELIMITERS & set(value) or (required and not value.strip()):
+        need = "1-20" if required else "at most 20"
+        raise ConfigError(
+            f"{key} must be {need} printable ASCII characters without | ^ ~ \\ &, got {value!r}"
+        )
+
+
+def _validate_hl7(h: Hl7Config) -> None:
+    _validate_hd("hl7.sending_application", h.sending_application, required=True)
+    _validate_hd("hl7.sending_facility", h.sending_facility, required=False)
 
 
 def _validate_engines(e: EnginesConfig) -> None:

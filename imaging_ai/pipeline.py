@@ -14,10 +14,10 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from imaging_ai import __version__, faults
+from imaging_ai import __version__, faults, site
 from imaging_ai.assemble import Assembler, routing_tags
 from imaging_ai.catalog import Catalog
-from imaging_ai.config import Config, RisDestination
+from imaging_ai.config import Config, RisDestination, deprecations
 from imaging_ai.db.models import AuditEvent
 from imaging_ai.db.session import make_engine, session_factory, upgrade, utcnow
 from imaging_ai.engine_set import EngineSet
@@ -101,10 +101,14 @@ class Daemon:
         StartupError
             With a hint of what to fix, before any port is opened.
         """
+        for note in deprecations(self.config):
+            log.warning("config: %s", note)
         data_dir = Path(self.config.storage.data_dir)
         try:
             data_dir.mkdir(parents=True, exist_ok=True)
             self.spool.prepare()
+            # The installation's DeviceSerialNumber, made once (imaging_ai.site says why).
+            self.config = site.with_device_serial_number(self.config)
         except OSError as exc:
             raise StartupError(
                 f"cannot create storage.data_dir {data_dir}: {exc.strerror}"

@@ -52,9 +52,10 @@ class Lesion:
         return {
             "number": self.number,
             "centre_mm": [round(c, 2) for c in self.centre_mm],
-            "long_axis_mm": round(self.long_axis_mm, 2),
-            "short_axis_mm": round(self.short_axis_mm, 2),
-            "volume_ml": round(self.volume_ml, 4),
+            # As every result writes them (outputs.common.lesion_quantities).
+            "long_axis_mm": round(self.long_axis_mm, 1),
+            "short_axis_mm": round(self.short_axis_mm, 1),
+            "volume_ml": round(self.volume_ml, 3),
             "mean_hu": round(self.mean_hu, 1),
             "max_hu": round(self.max_hu, 1),
             "max_probability": round(self.max_probability, 3),

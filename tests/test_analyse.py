@@ -8,10 +8,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from imaging_ai.analyse import lung_labels, run_model
+from imaging_ai.analyse import label_map, lung_labels, run_model
 from imaging_ai.infer.base import LoadedModel
 from imaging_ai.infer.ort import OrtBackend, OrtOptions
 from imaging_ai.modelcard import load_model_card, validate_against_onnx
+from imaging_ai.postprocess import LEFT_LUNG, LESION, RIGHT_LUNG, measure
 from imaging_ai.preprocess import prepare_slices
 from imaging_ai.volume import Volume
 from tests.fakes.onnx_models import write_conv_softmax_onnx
@@ -124,3 +125,19 @@ def test_a_single_slice_card_is_unchanged(tmp_path: Path) -> None:
     np.testing.assert_allclose(got, _softmax_of_conv(x, affine), atol=1e-5)
     labels = lung_labels(model, volume)
     assert labels.shape == volume.hu.shape and set(np.unique(labels)) <= {0, 1, 2}
+
+
+def test_lung_volumes_are_measured_over_the_lung_voxels_of_the_label_map() -> None:
+    """The SEG's lung segment leaves the nodules out; the reported lung volume must too."""
+    volume = _volume(4, 2.0)
+    lungs = np.zeros((4, 16, 16), np.uint8)
+    lungs[:, 2:8] = RIGHT_LUNG
+    lungs[:, 9:15] = LEFT_LUNG
+    nodule = np.argwhere(lungs[1:3, 3:5, 3:5] > 0) + np.array([1, 3, 3])  # 8 right-lung voxels
+    lesion = measure(1, nodule, np.full(len(nodule), 0.9, np.float32), volume, lungs)
+    labels, volumes = label_map(lungs, [lesion], volume)
+    assert np.count_nonzero(labels == LESION) == 8
+    voxel_ml = volume.voxel_volume_ml
+    assert volumes["right lung"] == pytest.approx(np.count_nonzero(labels == RIGHT_LUNG) * voxel_ml)
+    assert volumes["right lung"] == pytest.approx((4 * 6 * 16 - 8) * voxel_ml)
+    assert volumes["left lung"] == pytest.approx(4 * 6 * 16 * voxel_ml)

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from imaging_ai.config import AllowedCaller, load_config
+from imaging_ai.config import AllowedCaller, deprecations, load_config
 from imaging_ai.errors import ConfigError
 
 EXAMPLE = Path(__file__).parent.parent / "deploy" / "imaging-ai.example.toml"
@@ -41,6 +41,8 @@ def test_example_documents_every_key_and_loads() -> None:
         "outputs",
         "logging",
         "fhir",
+        "site",
+        "hl7",
     ):
         for name in type(getattr(config, section)).__dataclass_fields__:
             assert f"{name} =" in text or f"{name}=" in text, f"{section}.{name} undocumented"
@@ -100,6 +102,34 @@ def test_env_override_of_a_table_array() -> None:
         ("[fhir]\npatient_identifier_system = 'MRN'\n", {}, "fhir.patient_identifier_system"),
         ("[fhir]\naccession_identifier_system = 'urn:oid:1.02'\n", {}, "followed by an OID"),
         ("[fhir]\nbase_url = 1\n", {}, "fhir.base_url must be a string, got 1"),
+        (
+            "[site]\ntime_zone = 'Mars/Olympus_Mons'\n",
+            {},
+            "site.time_zone must be an IANA time zone name such as 'Europe/Berlin', got 'Mars",
+        ),
+        ("[site]\ntime_zone = '../../etc/passwd'\n", {}, "site.time_zone"),
+        ("[site]\ninstitution = 'A\\\\B'\n", {}, "site.institution must be at most 64"),
+        ("[site]\ninstitution = '" + "x" * 65 + "'\n", {}, "site.institution"),
+        ("[site]\ndevice_serial_number = 'a\\\\b'\n", {}, "site.device_serial_number"),
+        (
+            "[site]\ninstitution = 'A'\n[outputs]\ninstitution = 'B'\n",
+            {},
+            "site.institution and the deprecated outputs.institution differ",
+        ),
+        ("[hl7]\nsending_application = 'AI^LUNG'\n", {}, "hl7.sending_application must be 1-20"),
+        ("[hl7]\nsending_application = ''\n", {}, "hl7.sending_application"),
+        ("[hl7]\nsending_facility = '" + "F" * 21 + "'\n", {}, "hl7.sending_facility"),
+        ("[hl7]\nprocessing_id = 'X'\n", {}, "hl7.processing_id must be one of"),
+        (
+            "[outputs]\nris = [{host = '127.0.0.1', port = 2575, receiving_application = 'R|S'}]\n",
+            {},
+            "outputs.ris[0].receiving_application",
+        ),
+        (
+            "[outputs]\nris = [{host = '127.0.0.1', port = 2575, receiving_facility = 'A&B'}]\n",
+            {},
+            "outputs.ris[0].receiving_facility",
+        ),
     ],
 )
 def test_bad_values_name_the_key(
@@ -179,3 +209,26 @@ def test_bad_pacs_results_and_sr_class_name_the_key(
     path = write(tmp_path, f"[outputs]\npacs = [{{{PACS}, {extra}}}]\n")
     with pytest.raises(ConfigError, match=message.replace("[", r"\[").replace("]", r"\]")):
         load_config(path, environ={})
+
+
+def test_site_and_hl7_keys(tmp_path: Path) -> None:
+    text = (
+        '[site]\ninstitution = "St. Elsewhere"\ntime_zone = "Europe/Berlin"\n'
+        'device_serial_number = "ASSET-42"\n'
+        '[hl7]\nsending_application = "AI_LUNG"\nsending_facility = "RAD"\nprocessing_id = "T"\n'
+    )
+    config = load_config(write(tmp_path, text), environ={"IMAGING_AI_SITE__TIME_ZONE": "UTC"})
+    assert (config.site.institution, config.site.time_zone) == ("St. Elsewhere", "UTC")
+    assert config.site.device_serial_number == "ASSET-42"
+    assert (config.hl7.sending_application, config.hl7.sending_facility) == ("AI_LUNG", "RAD")
+    assert config.hl7.processing_id == "T"
+    assert config.institution == "St. Elsewhere" and deprecations(config) == ()
+    defaults = load_config(None, environ={})
+    assert (defaults.site.time_zone, defaults.hl7.sending_application) == ("", "IMAGING_AI")
+
+
+def test_outputs_institution_is_a_deprecated_alias(tmp_path: Path) -> None:
+    config = load_config(write(tmp_path, '[outputs]\ninstitution = "Old"\n'), environ={})
+    assert config.institution == "Old"
+    (note,) = deprecations(config)
+    assert "outputs.institution is deprecated" in note and "[site] institution" in note

@@ -21,6 +21,7 @@ from pydicom.dataset import Dataset
 
 import imaging_ai
 from imaging_ai.dicom import file_headers
+from imaging_ai.dicom.times import dicom_datetime
 from imaging_ai.errors import InvalidDataset, UnsupportedInput
 from imaging_ai.modelcard import CodedConcept
 from imaging_ai.outputs.uids import OutputUids
@@ -72,8 +73,9 @@ class Unit:
 
 
 MM = Unit("mm", "millimeter", "mm")
-# UCUM accepts both; DICOM's unit tables write "ml", HL7/FHIR usage prefers "mL".
-ML = Unit("mL", "milliliter", "ml")
+# UCUM's case-sensitive code is "mL" (the liter's symbol is "L"; "l" is an alternative
+# spelling). DICOM CID 7181 lists mL too, and HL7 and FHIR write it: one code everywhere.
+ML = Unit("mL", "milliliter", "mL")
 HU = Unit("[hnsf'U]", "Hounsfield unit", "[hnsf'U]")
 # UCUM's unity: a probability as a fraction from 0 to 1 (DICOM CID 7181 names it "no units").
 UNITY = Unit("1", "no units", "1")
@@ -93,6 +95,11 @@ class Quantity:
     def text(self) -> str:
         """The value rounded for people (HL7 NM, FHIR decimal), as in findings.json."""
         return f"{self.value:.{self.digits}f}"
+
+    @property
+    def rounded(self) -> float:
+        """The value to ``digits`` decimals as a number (DICOM DS, FHIR decimal)."""
+        return round(self.value, self.digits)
 
     @property
     def label(self) -> str:
@@ -137,12 +144,16 @@ class Algorithm:
     candidates: ModelId | None = None
     institution_name: str = ""
     software_version: str = imaging_ai.__version__
+    # The site's IANA zone ("" the host's): zone-less source times are read in it, and the
+    # times this daemon writes without a zone (SEG and SR creation) are written in it.
+    time_zone: str = ""
 
     @classmethod
     def from_analysis(cls, analysis: Analysis, **device: str) -> Algorithm:
         """The models in ``analysis.models``: the lung model first, as :func:`analyse` records.
 
-        Keyword arguments set ``device_serial_number`` and ``institution_name``.
+        Keyword arguments set ``device_serial_number``, ``institution_name`` and
+        ``time_zone``.
         """
         models = [
             ModelId(m["name"], m["version"], m.get("sha256", "")) for m in analysis.models.values()
@@ -163,6 +174,20 @@ class Algorithm:
 
 
 @dataclass(frozen=True)
+class Request:
+    """One imaging service request the study fulfils: a Request Attributes Sequence item,
+    or the data set's own attributes where it has none."""
+
+    accession: str
+    requested_procedure_id: str
+    requested_procedure_description: str
+    placer_order_number: str  # (0040,2016) Placer Order Number / Imaging Service Request
+    filler_order_number: str  # (0040,2017) Filler Order Number / Imaging Service Request
+    study_uid: str
+    scheduled_procedure_step_id: str = ""  # an item's own only
+
+
+@dataclass(frozen=True)
 class StudyInfo:
     """Patient and study attributes of the source series, as DICOM wrote them."""
 
@@ -177,6 +202,26 @@ class StudyInfo:
     study_date: str
     study_time: str
     study_description: str
+    requests: tuple[Request, ...] = ()
+    timezone_offset: str = ""  # (0008,0201) of the source, "+HHMM"; "" where it has none
+    time_zone: str = ""  # the site's IANA zone, for times without an offset; "" the host's
+
+    @property
+    def placer_order_number(self) -> str:
+        """The first request's placer order number; the accession number without one."""
+        first = self.requests[0] if self.requests else None
+        return (first.placer_order_number if first else "") or self.accession
+
+    @property
+    def filler_order_number(self) -> str:
+        """The first request's filler order number; the accession number without one."""
+        first = self.requests[0] if self.requests else None
+        return (first.filler_order_number if first else "") or self.accession
+
+    @property
+    def requested_procedure_id(self) -> str:
+        """The first request's Requested Procedure ID, or ""."""
+        return self.requests[0].requested_procedure_id if self.requests else ""
 
     @property
     def name_parts(self) -> tuple[str, str, str, str, str]:
@@ -186,20 +231,12 @@ class StudyInfo:
 
     @property
     def study_datetime(self) -> datetime | date | None:
-        """Study date and time in the scanner's local time (naive); the date alone where
-        StudyTime is empty (a source may lack it, or it was emptied as invalid), so that no
-        midnight is claimed; None without a valid date."""
-        try:
-            day = datetime.strptime(self.study_date, "%Y%m%d")
-        except ValueError:
-            return None
-        if not self.study_time:
-            return day.date()
-        clock = (self.study_time.split(".")[0] + "000000")[:6]
-        try:
-            return datetime.strptime(self.study_date + clock, "%Y%m%d%H%M%S")
-        except ValueError:
-            return day.date()
+        """Study date and time, aware: in the source's Timezone Offset From UTC, else in the
+        site's zone; the date alone where StudyTime is empty (a source may lack it, or it was
+        emptied as invalid), so that no midnight is claimed; None without a valid date."""
+        return dicom_datetime(
+            self.study_date, self.study_time, self.timezone_offset, self.time_zone
+        )
 
 
 @dataclass(frozen=True)
@@ -299,21 +336,63 @@ def with_type2(ds: Dataset) -> Dataset:
     return complete
 
 
+def institution_of(datasets: Sequence[Dataset]) -> str:
+    """The source images' InstitutionName, for results where the site sets none ("" if
+    the first source has none)."""
+    return _text(datasets[0], "InstitutionName") if datasets else ""
+
+
 def pin_clock(ds: Dataset, when: datetime) -> None:
-    """Set the times highdicom reads from the clock to ``when`` (local time, as DICOM writes
-    times), so that rebuilding a job's object gives the same bytes, not only the same UIDs."""
-    local = when.astimezone()
+    """Set the times highdicom reads from the clock to ``when`` (already in the site's zone:
+    DICOM writes local times), so that rebuilding a job's object gives the same bytes, not
+    only the same UIDs."""
+    local = when
     ds.InstanceCreationDate = local.strftime("%Y%m%d")
     ds.InstanceCreationTime = local.strftime("%H%M%S")
     for item in ds.get("ContributingEquipmentSequence", []):
         item.ContributionDateTime = local.strftime("%Y%m%d%H%M%S")
 
 
-def study_info(ds: Dataset) -> StudyInfo:
-    """Patient and study attributes of one source header."""
+def _text(ds: Dataset, keyword: str) -> str:
+    return str(ds.get(keyword, "") or "").strip()
+
+
+def requests(ds: Dataset) -> tuple[Request, ...]:
+    """The requests a source header says it fulfils: one per Request Attributes Sequence
+    item, each attribute the item lacks taken from the data set itself (where modalities
+    write the accession number and some write the order numbers); without items, one
+    request from the data set's own attributes if it has any of them."""
+    items = list(ds.get("RequestAttributesSequence") or []) or [Dataset()]
+    found = []
+    for item in items:
+
+        def value(keyword: str, item: Dataset = item) -> str:
+            return _text(item, keyword) or _text(ds, keyword)
+
+        found.append(
+            Request(
+                accession=value("AccessionNumber"),
+                requested_procedure_id=value("RequestedProcedureID"),
+                requested_procedure_description=value("RequestedProcedureDescription"),
+                placer_order_number=value("PlacerOrderNumberImagingServiceRequest"),
+                filler_order_number=value("FillerOrderNumberImagingServiceRequest"),
+                study_uid=value("StudyInstanceUID"),
+                scheduled_procedure_step_id=_text(item, "ScheduledProcedureStepID"),
+            )
+        )
+    return tuple(
+        r
+        for r in found
+        if r.accession or r.requested_procedure_id or r.placer_order_number or r.filler_order_number
+    )
+
+
+def study_info(ds: Dataset, time_zone: str = "") -> StudyInfo:
+    """Patient and study attributes of one source header; ``time_zone`` is the site's
+    (IANA name, "" for the host's), for its times without Timezone Offset From UTC."""
 
     def text(keyword: str) -> str:
-        return str(ds.get(keyword, "") or "").strip()
+        return _text(ds, keyword)
 
     return StudyInfo(
         study_uid=text("StudyInstanceUID"),
@@ -327,15 +406,25 @@ def study_info(ds: Dataset) -> StudyInfo:
         study_date=text("StudyDate"),
         study_time=text("StudyTime"),
         study_description=text("StudyDescription"),
+        requests=requests(ds),
+        timezone_offset=text("TimezoneOffsetFromUTC"),
+        time_zone=time_zone,
     )
+
+
+# Decimals written everywhere (SR, HL7, FHIR, findings.json): what the voxels support. CT voxels
+# are 0.5-1 mm wide, so an axis is known to about a tenth of a millimetre; a nodule's volume to
+# about a cubic millimetre (0.001 mL: to one decimal a 5 mm nodule's 0.065 mL would read 0.1);
+# a lung's (several litres) to a tenth of a millilitre.
+AXIS_DIGITS, LESION_VOLUME_DIGITS, LUNG_VOLUME_DIGITS = 1, 3, 1
 
 
 def lesion_quantities(lesion: Lesion) -> tuple[Quantity, ...]:
     """Long and short axis, volume and mean attenuation, rounded as in findings.json."""
     return (
-        Quantity(LONG_AXIS, lesion.long_axis_mm, MM, 2),
-        Quantity(SHORT_AXIS, lesion.short_axis_mm, MM, 2),
-        Quantity(VOLUME, lesion.volume_ml, ML, 4),
+        Quantity(LONG_AXIS, lesion.long_axis_mm, MM, AXIS_DIGITS),
+        Quantity(SHORT_AXIS, lesion.short_axis_mm, MM, AXIS_DIGITS),
+        Quantity(VOLUME, lesion.volume_ml, ML, LESION_VOLUME_DIGITS),
         Quantity(ATTENUATION, lesion.mean_hu, HU, 1, derivation=MEAN),
     )
 
@@ -381,7 +470,7 @@ def _lung_finding(side: str, volume_ml: float, uids: OutputUids) -> Finding:
         type=SIDE_SITES[side],
         site=SIDE_SITES[side],
         tracking_uid=uids.tracking_uid(key),
-        quantities=(Quantity(VOLUME, volume_ml, ML, 1),),
+        quantities=(Quantity(VOLUME, volume_ml, ML, LUNG_VOLUME_DIGITS),),
     )
 
 
@@ -414,7 +503,7 @@ def build_report(
     if not source_datasets:
         raise InvalidDataset("no source headers to take patient and study attributes from")
     return Report(
-        study=study_info(source_datasets[0]),
+        study=study_info(source_datasets[0], algorithm.time_zone),
         findings=findings(analysis, uids),
         impression=impression,
         algorithm=algorithm,

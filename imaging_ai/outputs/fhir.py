@@ -280,13 +280,14 @@ def _accession(study: StudyInfo) -> Json | None:
 
 
 def _datetime(when: datetime | date | None) -> str | None:
-    """FHIR dateTime; a time needs a zone, and DICOM's local time takes this host's; a date
-    alone where only the date is known."""
+    """FHIR dateTime; a time needs a zone, and DICOM's times come with the source's offset or
+    the site's zone (``StudyInfo.study_datetime``), kept as they are; a date alone where only
+    the date is known."""
     if when is None:
         return None
     if not isinstance(when, datetime):
         return when.isoformat()
-    return when.astimezone().isoformat()
+    return when.isoformat() if when.tzinfo else when.astimezone().isoformat()
 
 
 def _instant(when: datetime) -> str:

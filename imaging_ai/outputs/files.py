@@ -25,7 +25,13 @@ from imaging_ai.analyse import Analysis
 from imaging_ai.config import Config
 from imaging_ai.durable import fsync_path, write_atomic
 from imaging_ai.outbox import Payload
-from imaging_ai.outputs.common import Algorithm, build_report, read_headers
+from imaging_ai.outputs.common import (
+    MANUFACTURER,
+    Algorithm,
+    build_report,
+    institution_of,
+    read_headers,
+)
 from imaging_ai.outputs.keyimages import write_key_images
 from imaging_ai.outputs.messages import MessageBuilder, RisMessage, submit
 from imaging_ai.outputs.seg import encode_segmentation
@@ -80,11 +86,13 @@ def encode_results(
     uids = output_uids(analysis.volume.study_instance_uid, job_id)
     algorithm = Algorithm.from_analysis(
         analysis,
-        device_serial_number=config.storage.node,
-        institution_name=config.outputs.institution,
+        # Set at the daemon's start (imaging_ai.site); unset only where no daemon started.
+        device_serial_number=config.site.device_serial_number or MANUFACTURER,
+        institution_name=config.institution or institution_of(headers),
+        time_zone=config.site.time_zone,
     )
     report = build_report(analysis, headers, algorithm, uids, impression, created)
-    pending = submit(builder, report, config.outputs.ris)
+    pending = submit(builder, report, config.outputs.ris, config.hl7)
     seg = encode_segmentation(analysis, headers, algorithm, uids, created=created)
     seg_bytes = _encode_dicom(seg.dataset)
     ready("seg", seg_bytes)

@@ -1,6 +1,9 @@
 """Takes a Report; gives an HL7 v2.5.1 ORU^R01 message (ER7 text, segments ended by CR) for RIS.
 
-Layout: MSH, PID, ORC, OBR (accession as placer and filler order number, result status P),
+Layout: MSH (sender and receiver as configured), PID, ORC and OBR (placer and filler order
+numbers from the DICOM request attributes, the accession number where the images carry none;
+the accession number and Requested Procedure ID in OBR-18/19 as IHE radiology does; result
+status P),
 an NTE saying the result is AI-generated and unverified, one NTE per caveat on the input (thick
 or sparse slices), then OBX: the impression (FT), the Study Instance UID, and per finding a
 group of OBX sharing a sub-ID ("nodule-1", "right-lung"): the finding, its site, its tracking
@@ -32,6 +35,8 @@ from hl7apy.consts import VALIDATION_LEVEL  # type: ignore[import-untyped]
 from hl7apy.core import Component, Message, Segment, SubComponent  # type: ignore[import-untyped]
 from hl7apy.factories import datatype_factory  # type: ignore[import-untyped]
 
+from imaging_ai.config import Hl7Config
+from imaging_ai.dicom.times import local
 from imaging_ai.modelcard import CodedConcept
 from imaging_ai.outputs.common import (
     AI_STATEMENT,
@@ -48,7 +53,6 @@ from imaging_ai.outputs.common import (
 
 VERSION = "2.5.1"
 STRICT = VALIDATION_LEVEL.STRICT
-SENDING_APPLICATION = "IMAGING_AI"
 CHARSET = "UNICODE UTF-8"
 IMPRESSION = CodedConcept("19005-8", "LN", "Radiology Imaging study [Impression] (narrative)")
 STUDY_UID = CodedConcept("110180", "DCM", "Study Instance UID")
@@ -92,8 +96,7 @@ def build_oru(
     *,
     receiving_application: str = "RIS",
     receiving_facility: str = "HOSPITAL",
-    sending_facility: str = "",
-    processing_id: str = "P",
+    sender: Hl7Config | None = None,
     control_id: str | None = None,
 ) -> str:
     """The ORU^R01 of a report, for one receiving application.
@@ -104,10 +107,9 @@ def build_oru(
         Study, findings, impression, algorithm and time (see :func:`build_report`).
     receiving_application, receiving_facility
         MSH-5 and MSH-6, as the RIS expects them (``[[outputs.ris]]`` in the config).
-    sending_facility
-        MSH-4; often the institution.
-    processing_id
-        MSH-11: P production, T training, D debugging.
+    sender
+        MSH-3 (sending application), MSH-4 (sending facility) and MSH-11 (processing ID:
+        P production, T training, D debugging): ``[hl7]`` in the config; default its defaults.
     control_id
         MSH-10; default derived from the job and the receiver, the same on every rebuild.
 
@@ -121,26 +123,35 @@ def build_oru(
     hl7apy.exceptions.HL7apyException
         The message does not fit the v2.5.1 ORU^R01 structure (a bug, not bad input).
     """
+    sender = sender or Hl7Config()
     receiver = f"{receiving_application}|{receiving_facility}"
     message = Message("ORU_R01", version=VERSION, validation_level=STRICT)
     _msh(
         message.msh,
-        (SENDING_APPLICATION, sending_facility, receiving_application, receiving_facility),
-        when=report.created,
+        (
+            sender.sending_application,
+            sender.sending_facility,
+            receiving_application,
+            receiving_facility,
+        ),
+        when=local(report.created, report.study.time_zone),
         control_id=control_id or report.uids.message_control_id(receiver),
-        processing_id=processing_id,
+        processing_id=sender.processing_id,
     )
     result = message.add_group("ORU_R01_PATIENT_RESULT")
     _pid(result.add_group("ORU_R01_PATIENT").add_segment("PID"), report.study)
     order = result.add_group("ORU_R01_ORDER_OBSERVATION")
-    accession = report.study.accession
-    set_fields(order.add_segment("ORC"), {1: "RE", 2: accession, 3: accession})
-    _obr(order.add_segment("OBR"), report)
+    study = report.study
+    # ORC-2/3 say what OBR-2/3 say: HL7 v2 chapter 4 wants them equal where both are sent.
+    orc: dict[int, Value] = {1: "RE", 2: study.placer_order_number, 3: study.filler_order_number}
+    set_fields(order.add_segment("ORC"), orc)
+    _obr(order.add_segment("OBR"), report, sender.sending_application)
     notes = [f"{AI_STATEMENT} Made by {report.algorithm.summary}.", *report.caveats]
     for n, note in enumerate(notes, start=1):  # source L: the filler (this daemon)
         set_fields(order.add_segment("NTE"), {1: str(n), 2: "L", 3: note})
     for n, obx in enumerate(_observations(report), start=1):
-        _obx(order.add_group("ORU_R01_OBSERVATION").add_segment("OBX"), n, obx, report)
+        segment = order.add_group("ORU_R01_OBSERVATION").add_segment("OBX")
+        _obx(segment, n, obx, report, sender.sending_application)
     message.validate()  # raises on anything that breaks the v2.5.1 structure
     return str(message.to_er7()) + "\r"
 
@@ -207,8 +218,8 @@ def _varies(segment: Segment, number: int, value_type: str, value: Value) -> Non
 
 
 def _dtm(when: datetime | date | None) -> str:
-    """HL7 DTM; with the UTC offset where the time has a zone (DICOM times have none), the
-    date alone where only the date is known."""
+    """HL7 DTM with its UTC offset (every time here is aware: DICOM's are read in the site's
+    zone); the date alone where only the date is known."""
     if when is None:
         return ""
     if not isinstance(when, datetime):
@@ -235,7 +246,7 @@ def _msh(
         4: sending_facility,
         5: receiver,
         6: receiving_facility,
-        7: _dtm(when.astimezone()),
+        7: _dtm(when),
         9: ("ORU", "R01", "ORU_R01"),
         10: control_id,
         11: processing_id,
@@ -262,16 +273,17 @@ def _pid(pid: Segment, study: StudyInfo) -> None:
     set_fields(pid, values)
 
 
-def _obr(obr: Segment, report: Report) -> None:
+def _obr(obr: Segment, report: Report, application: str) -> None:
     study = report.study
     values: dict[int, Value] = {
         1: "1",
-        2: study.accession,  # placer order number
-        3: study.accession,  # filler order number
+        2: study.placer_order_number,
+        3: study.filler_order_number,
         4: _ce(CT_CHEST),
         7: _dtm(study.study_datetime),  # observation date/time: when scanned
         18: study.accession,  # placer field 1: where IHE radiology puts it
-        22: _dtm(report.created.astimezone()),  # results reported
+        19: study.requested_procedure_id,  # placer field 2: IHE radiology's likewise
+        22: _dtm(local(report.created, study.time_zone)),  # results reported
         24: "CT",  # diagnostic service section
         25: "P",  # result status: preliminary
     }
@@ -300,7 +312,7 @@ def _finding(finding: Finding, report: Report) -> Iterator[_Obx]:
         yield _Obx("NM", p.name, p.text, sub, p.unit, (), judge)
 
 
-def _obx(obx: Segment, set_id: int, o: _Obx, report: Report) -> None:
+def _obx(obx: Segment, set_id: int, o: _Obx, report: Report, application: str) -> None:
     set_fields(obx, {1: str(set_id), 2: o.value_type, 3: _ce(o.code), 4: o.sub_id})
     _varies(obx, 5, o.value_type, o.value)
     if o.unit:
@@ -309,5 +321,5 @@ def _obx(obx: Segment, set_id: int, o: _Obx, report: Report) -> None:
     set_field(obx, 14, _dtm(report.study.study_datetime))  # when the images were taken
     # observation method (repeats): AI, and Mean where derived
     set_field(obx, 17, *(_ce(m) for m in (ARTIFICIAL_INTELLIGENCE, *o.method)))
-    if o.model:  # equipment instance identifier: the model
-        set_field(obx, 18, (f"{o.model.name} {o.model.version}", SENDING_APPLICATION))
+    if o.model:  # equipment instance identifier: the model, in our namespace
+        set_field(obx, 18, (f"{o.model.name} {o.model.version}", application))

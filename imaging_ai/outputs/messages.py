@@ -23,7 +23,7 @@ from concurrent.futures import CancelledError, Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 
-from imaging_ai.config import RisDestination
+from imaging_ai.config import Hl7Config, RisDestination
 from imaging_ai.outputs.common import Report
 from imaging_ai.outputs.fhir import diagnostic_report_bundle
 from imaging_ai.outputs.hl7 import build_oru
@@ -48,8 +48,11 @@ class Messages:
     fhir: bytes
 
 
-def build_messages(report: Report, destinations: Sequence[RisDestination]) -> Messages:
-    """Make the ORUs and the FHIR bundle of ``report`` (in whichever process calls it)."""
+def build_messages(
+    report: Report, destinations: Sequence[RisDestination], sender: Hl7Config | None = None
+) -> Messages:
+    """Make the ORUs and the FHIR bundle of ``report`` (in whichever process calls it);
+    ``sender`` is ``[hl7]`` (MSH-3, MSH-4, MSH-11), default its defaults."""
     orus = []
     for ris in destinations:
         key = ris.key
@@ -58,6 +61,7 @@ def build_messages(report: Report, destinations: Sequence[RisDestination]) -> Me
             report,
             receiving_application=ris.receiving_application,
             receiving_facility=ris.receiving_facility,
+            sender=sender,
             control_id=control_id,
         )
         orus.append(RisMessage(key, control_id, message.encode("utf-8")))
@@ -74,9 +78,10 @@ class Pending:
         report: Report,
         destinations: Sequence[RisDestination],
         on_broken: Callable[[], None],
+        sender: Hl7Config | None = None,
     ) -> None:
         self._future, self._report, self._destinations = future, report, destinations
-        self._on_broken = on_broken
+        self._on_broken, self._sender = on_broken, sender
 
     def result(self) -> Messages:
         """The messages; made here if the helper process failed."""
@@ -85,7 +90,7 @@ class Pending:
                 return self._future.result()
             except (BrokenProcessPool, CancelledError):
                 self._on_broken()
-        return build_messages(self._report, self._destinations)
+        return build_messages(self._report, self._destinations, self._sender)
 
 
 class MessageBuilder:
@@ -104,18 +109,23 @@ class MessageBuilder:
                     1, mp_context=context, initializer=_exit_with, initargs=(os.getpid(),)
                 )
 
-    def submit(self, report: Report, destinations: Sequence[RisDestination]) -> Pending:
+    def submit(
+        self,
+        report: Report,
+        destinations: Sequence[RisDestination],
+        sender: Hl7Config | None = None,
+    ) -> Pending:
         """Start making the messages of ``report``; :meth:`Pending.result` gives them."""
         with self._lock:
             pool = self._pool
         if pool is None:
-            return Pending(None, report, destinations, _nothing)
+            return Pending(None, report, destinations, _nothing, sender)
         future = None
         try:
-            future = pool.submit(build_messages, report, tuple(destinations))
+            future = pool.submit(build_messages, report, tuple(destinations), sender)
         except (BrokenProcessPool, RuntimeError):
             self._replace(pool)
-        return Pending(future, report, destinations, lambda: self._replace(pool))
+        return Pending(future, report, destinations, lambda: self._replace(pool), sender)
 
     def _replace(self, broken: ProcessPoolExecutor) -> None:
         """``broken``'s process died: start a new one for the next reports, once however many
@@ -155,12 +165,15 @@ _PARENT_POLL_S = 0.5
 
 
 def submit(
-    builder: MessageBuilder | None, report: Report, destinations: Sequence[RisDestination]
+    builder: MessageBuilder | None,
+    report: Report,
+    destinations: Sequence[RisDestination],
+    sender: Hl7Config | None = None,
 ) -> Pending:
     """The messages of ``report`` from ``builder``'s process, or made here without one."""
     if builder is None:
-        return Pending(None, report, destinations, _nothing)
-    return builder.submit(report, destinations)
+        return Pending(None, report, destinations, _nothing, sender)
+    return builder.submit(report, destinations, sender)
 
 
 def _nothing() -> None:

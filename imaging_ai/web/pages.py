@@ -22,6 +22,7 @@ from starlette.responses import HTMLResponse
 from imaging_ai import __version__
 from imaging_ai.db.models import AuditEvent
 from imaging_ai.db.session import utcnow
+from imaging_ai.dicom.times import local
 from imaging_ai.states import DeliveryState, StudyState
 from imaging_ai.web.auth import Principal
 from imaging_ai.web.charts import duration
@@ -57,8 +58,12 @@ class Pages:
             trim_blocks=True,
             lstrip_blocks=True,
         )
-        self.env.filters.update(when=when, dur=duration, dicom_date=dicom_date, size=size)
-        self.env.globals.update(version=__version__, tz=time.strftime("%Z"))
+        # Times as the site's clock shows them ([site] time_zone), not a UTC container's.
+        zone = ctx.config.site.time_zone
+        self.env.filters.update(
+            when=lambda value: when(value, zone), dur=duration, dicom_date=dicom_date, size=size
+        )
+        self.env.globals.update(version=__version__, tz=zone or time.strftime("%Z"))
         # Templates compare states against the members, as the code does.
         self.env.globals.update(StudyState=StudyState, DeliveryState=DeliveryState)
 
@@ -140,11 +145,11 @@ def source(request: Request) -> str:
     return request.client.host if request.client else ""
 
 
-def when(value: datetime | None) -> str:
-    """A time in the server's zone, to the second; a dash for none."""
+def when(value: datetime | None, zone_name: str = "") -> str:
+    """A time in the site's zone (the server's for ""), to the second; a dash for none."""
     if value is None:
         return "–"
-    return value.astimezone().strftime("%Y-%m-%d %H:%M:%S")
+    return local(value, zone_name).strftime("%Y-%m-%d %H:%M:%S")
 
 
 def size(value: float | None) -> str:

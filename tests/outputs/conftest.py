@@ -14,13 +14,13 @@ import pytest
 from imaging_ai_devkit.phantom import PhantomSpec, generate, write_study
 from pydicom.dataset import Dataset
 
-from imaging_ai.analyse import Analysis
+from imaging_ai.analyse import Analysis, label_map
 from imaging_ai.modelcard import parse_model_card
 from imaging_ai.outputs.common import Algorithm, ModelId, read_headers
 from imaging_ai.outputs.seg import encode_segmentation
 from imaging_ai.outputs.sr import build_measurement_report
 from imaging_ai.outputs.uids import OutputUids, output_uids
-from imaging_ai.postprocess import LESION, detect_lesions, organ_volumes_ml
+from imaging_ai.postprocess import detect_lesions
 from imaging_ai.volume import Volume, load_series
 
 CREATED = datetime(2026, 11, 30, 10, 15, 0, tzinfo=UTC)
@@ -72,14 +72,12 @@ def truth_analysis(volume: Volume, lungs: np.ndarray, nodules: np.ndarray) -> An
     """What a perfect model would have found: truth lungs and truth nodules, measured."""
     probabilities = nodules[:, None].astype(np.float32)
     lesions = detect_lesions(probabilities, DETECTION_CARD, volume, lungs)
-    labels = lungs.copy()
-    for lesion in lesions:
-        labels[tuple(lesion.voxel_index.T)] = LESION
+    labels, lung_volumes = label_map(lungs, lesions, volume)  # as analyse() makes them
     return Analysis(
         volume=volume,
         labels=labels,
         lesions=tuple(lesions),
-        organ_volumes_ml=organ_volumes_ml(lungs, volume),
+        organ_volumes_ml=lung_volumes,
         models={
             "lung-seg": {"name": "lung-seg", "version": "0.1.0", "sha256": "ab" * 32},
             "nodule-det": {"name": "nodule-det", "version": "0.2.0", "sha256": "cd" * 32},

@@ -215,9 +215,9 @@ def test_results_hold_every_measurement(study: Study, bundle: dict[str, Any]) ->
             assert obs["status"] == "preliminary"
             values[(obs["code"]["coding"][0]["code"], quantity["code"])] = quantity["value"]
         assert values == {
-            ("103339001", "mm"): round(lesion.long_axis_mm, 2),
-            ("103340004", "mm"): round(lesion.short_axis_mm, 2),
-            ("118565006", "mL"): round(lesion.volume_ml, 4),
+            ("103339001", "mm"): round(lesion.long_axis_mm, 1),
+            ("103340004", "mm"): round(lesion.short_axis_mm, 1),
+            ("118565006", "mL"): round(lesion.volume_ml, 3),
             ("112031", "[hnsf'U]"): round(lesion.mean_hu, 1),
         }
     for side in ("right", "left"):

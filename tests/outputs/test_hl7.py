@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from datetime import datetime
 
 import hl7
 import pytest
@@ -10,7 +11,7 @@ from hl7apy.consts import VALIDATION_LEVEL
 from hl7apy.exceptions import HL7apyException
 from hl7apy.parser import parse_message
 
-from imaging_ai.outputs.common import Report, build_report
+from imaging_ai.outputs.common import AXIS_DIGITS, LESION_VOLUME_DIGITS, Report, build_report
 from imaging_ai.outputs.hl7 import build_oru
 from tests.outputs.conftest import ALGORITHM, CREATED, IMPRESSION, Study
 
@@ -49,7 +50,10 @@ def test_header_patient_and_order(study: Study, report: Report) -> None:
     assert (m["ORC.F1"], m["ORC.F2"], m["ORC.F3"]) == ("RE", accession, accession)
     assert (m["OBR.F2"], m["OBR.F3"], m["OBR.F18"]) == (accession, accession, accession)
     assert m["OBR.F4.R1.C1"] == "24627-2"
-    assert m["OBR.F7"] == header.StudyDate + header.StudyTime[:6]
+    scanned = header.StudyDate + header.StudyTime[:6]
+    # No [site] time_zone and no TimezoneOffsetFromUTC: the host's offset on that day.
+    offset = datetime.strptime(scanned, "%Y%m%d%H%M%S").astimezone().strftime("%z")
+    assert m["OBR.F7"] == scanned + offset
     assert m["OBR.F25"] == "P"
     assert "AI-generated" in m["NTE.F3"] and "nodule-det 0.2.0" in m["NTE.F3"]
 
@@ -69,9 +73,9 @@ def test_observations_carry_impression_and_measurements(study: Study, report: Re
     }
     for lesion in study.analysis.lesions:
         sub = f"nodule-{lesion.number}"
-        assert numbers[(sub, "103339001", "mm")] == round(lesion.long_axis_mm, 2)
-        assert numbers[(sub, "103340004", "mm")] == round(lesion.short_axis_mm, 2)
-        assert numbers[(sub, "118565006", "mL")] == round(lesion.volume_ml, 4)
+        assert numbers[(sub, "103339001", "mm")] == round(lesion.long_axis_mm, AXIS_DIGITS)
+        assert numbers[(sub, "103340004", "mm")] == round(lesion.short_axis_mm, AXIS_DIGITS)
+        assert numbers[(sub, "118565006", "mL")] == round(lesion.volume_ml, LESION_VOLUME_DIGITS)
         assert numbers[(sub, "112031", "[hnsf'U]")] == round(lesion.mean_hu, 1)
     for side in ("right", "left"):
         volume = study.analysis.organ_volumes_ml[f"{side} lung"]

@@ -11,6 +11,7 @@ import highdicom as hd
 import pydicom
 import pytest
 
+from imaging_ai.outputs.common import AXIS_DIGITS, LESION_VOLUME_DIGITS, LUNG_VOLUME_DIGITS
 from imaging_ai.outputs.seg import build_segmentation
 from imaging_ai.outputs.sr import build_measurement_report, device_uid
 from imaging_ai.postprocess import LEFT_LUNG
@@ -74,15 +75,18 @@ def test_one_group_per_lesion_and_lung_with_the_measured_values(study: Study, bu
         site = {"right": "3341006", "left": "44029006"}[lesion.side]
         assert [s.value.value for s in group.finding_sites] == [site]
         values = {(m.name.value, m.unit.value): m for m in group.get_measurements()}
-        assert values[("103339001", "mm")].value == pytest.approx(lesion.long_axis_mm)
-        assert values[("103340004", "mm")].value == pytest.approx(lesion.short_axis_mm)
-        assert values[("118565006", "ml")].value == pytest.approx(lesion.volume_ml)
+        # Rounded as HL7 and FHIR write them (DS holds 16 characters; the voxels do not).
+        assert values[("103339001", "mm")].value == round(lesion.long_axis_mm, AXIS_DIGITS)
+        assert values[("103340004", "mm")].value == round(lesion.short_axis_mm, AXIS_DIGITS)
+        volume_ml = round(lesion.volume_ml, LESION_VOLUME_DIGITS)
+        assert values[("118565006", "mL")].value == volume_ml  # UCUM's mL, as HL7 and FHIR
         mean = values[("112031", "[hnsf'U]")]
-        assert mean.value == pytest.approx(lesion.mean_hu)
+        assert mean.value == round(lesion.mean_hu, 1)
         assert mean.derivation is not None and mean.derivation.value == "373098007"
     for side in ("right", "left"):
         volume = found[f"{side.capitalize()} lung"].get_measurements()[0]
-        assert volume.value == pytest.approx(study.analysis.organ_volumes_ml[f"{side} lung"])
+        expected = round(study.analysis.organ_volumes_ml[f"{side} lung"], LUNG_VOLUME_DIGITS)
+        assert (volume.value, volume.unit.value) == (expected, "mL")
 
 
 def test_groups_reference_their_segment_and_its_source_images(study: Study, built: Built) -> None:

@@ -3,7 +3,11 @@
 Segments, numbered from 1 in this order and only where they have voxels: right lung, left
 lung, then one segment per lesion (largest first), each with the tracking UID that the SR and
 the FHIR report use for the same finding. Lung segments exclude lesion voxels, as the label map
-does; the lung volumes reported elsewhere include them.
+does, and the lung volumes that SR, HL7 and FHIR report are measured over these same voxels
+(``analyse``: a TID 1411 measurement is of the region its group references).
+
+The General Series module's Request Attributes Sequence names the requests of the source
+series (accession, requested procedure and step): the SEG answers the same orders.
 
 Empty frames are omitted: a nodule spans a few slices of hundreds, so most frames of most
 segments are empty (a 300-slice study with six nodules: 424 of 2400 frames, 14 instead of 80
@@ -25,8 +29,10 @@ import numpy as np
 from numpy.typing import NDArray
 from pydicom.dataelem import DataElement
 from pydicom.dataset import Dataset
+from pydicom.sequence import Sequence as DicomSequence
 from pydicom.valuerep import format_number_as_ds
 
+from imaging_ai.dicom.times import local
 from imaging_ai.errors import UnsupportedInput
 from imaging_ai.outputs.common import (
     ARTIFICIAL_INTELLIGENCE,
@@ -39,6 +45,7 @@ from imaging_ai.outputs.common import (
     findings,
     ordered_sources,
     pin_clock,
+    requests,
     with_type2,
 )
 from imaging_ai.outputs.seg.frames import check_frame_size, encode_frames, pack, source_references
@@ -198,7 +205,7 @@ def reference_segmentation(
 ) -> hd.seg.Segmentation:
     """The SEG as highdicom builds it from a label map of segment numbers (``pixels``, in the
     order of ``sources`` or of one multi-frame source's frames)."""
-    when = (created or datetime.now(UTC)).astimezone()
+    when = local(created or datetime.now(UTC), algorithm.time_zone)
     seg = hd.seg.Segmentation(
         source_images=[with_type2(sources[0]), *sources[1:]],
         pixel_array=pixels,
@@ -214,6 +221,10 @@ def reference_segmentation(
         device_serial_number=algorithm.device_serial_number,
         content_label=SEG_LABEL,
         content_description=SEG_DESCRIPTION,
+        # Type 2 in Content Identification; readers (dcmqi) warn without it. No person made
+        # this content, so the creator is the software, as the SR's observer is the device;
+        # the caret makes it a family name (dciodvfy calls a bare name the retired PN form).
+        content_creator_name=f"{MANUFACTURER}^",
         series_description="AI lung and nodule segmentation (preliminary)",
         institution_name=algorithm.institution_name or None,
         content_date=when.date(),
@@ -223,8 +234,32 @@ def reference_segmentation(
         omit_empty_frames=omit_empty_frames,
     )
     pin_clock(seg, when)
+    _request_attributes(seg, sources[0])
     _pin_dimension_organization(seg, uids.uid("seg-dimension-organization"))
     return seg
+
+
+def _request_attributes(seg: hd.seg.Segmentation, source: Dataset) -> None:
+    """Request Attributes Sequence (Type 3) of the source's requests, with the values the
+    source has (every attribute of an item is Type 3 or 1C on the source having it). The
+    Request Attributes Macro has no placer or filler order number (dciodvfy: "not present in
+    standard DICOM IOD"): those are in the SR's Referenced Request Sequence only."""
+    items = []
+    for request in requests(source):
+        item = Dataset()
+        values = {
+            "AccessionNumber": request.accession,
+            "StudyInstanceUID": request.study_uid,
+            "RequestedProcedureDescription": request.requested_procedure_description,
+            "RequestedProcedureID": request.requested_procedure_id,
+            "ScheduledProcedureStepID": request.scheduled_procedure_step_id,
+        }
+        for keyword, value in values.items():
+            if value:
+                setattr(item, keyword, value)
+        items.append(item)
+    if items:
+        seg.RequestAttributesSequence = DicomSequence(items)
 
 
 def _spacing_between_slices(seg: hd.seg.Segmentation, sources: Sequence[Dataset]) -> None:

@@ -20,6 +20,7 @@ from pydicom.dataset import Dataset
 from pydicom.sr.codedict import codes
 from pydicom.uid import generate_uid
 
+from imaging_ai.dicom.times import local
 from imaging_ai.modelcard import CodedConcept
 from imaging_ai.outputs.common import (
     AI_STATEMENT,
@@ -38,6 +39,7 @@ from imaging_ai.outputs.common import (
 from imaging_ai.outputs.seg import EncodedSegmentation
 from imaging_ai.outputs.sr.classes import COMPREHENSIVE_3D, SR_IODS, sr_instance_uid
 from imaging_ai.outputs.sr.references import placeholder, put_source_images
+from imaging_ai.outputs.sr.requests import referenced_requests
 from imaging_ai.outputs.uids import OutputUids
 
 if TYPE_CHECKING:  # importing it loads the inference engines
@@ -98,7 +100,7 @@ def build_measurement_report(
         imaging_measurements=groups,
     )
     report[0].ContentSequence.append(_statements(algorithm, impression, analysis.caveats))
-    when = (created or datetime.now(UTC)).astimezone()
+    when = local(created or datetime.now(UTC), algorithm.time_zone)
     seg = segmentation.dataset if isinstance(segmentation, EncodedSegmentation) else segmentation
     evidence = [with_type2(sources[0]), *sources[1:], seg]
     sr = _document(report[0], evidence, algorithm, uids, when, series_number, sr_class)
@@ -136,6 +138,7 @@ def _document(
         content_time=clock,
         series_date=when.date(),
         series_time=clock,
+        requested_procedures=referenced_requests(evidence[0]),
     )
 
 
@@ -213,7 +216,7 @@ def _measurement(
     # The group names the algorithm once (TID 4019); repeating it per measurement adds nothing.
     return hd.sr.Measurement(
         name=dicom_code(quantity.name),
-        value=quantity.value,
+        value=quantity.rounded,  # as HL7 and FHIR say it: not 15 digits the voxels lack
         unit=dicom_code(quantity.unit.concept),
         derivation=dicom_code(quantity.derivation) if quantity.derivation else None,
         algorithm_id=algorithm_id,
