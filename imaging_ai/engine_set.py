@@ -19,7 +19,8 @@ from typing import Any
 from imaging_ai import faults
 from imaging_ai.analyse import Models, discover_cards
 from imaging_ai.assemble import RANKS
-from imaging_ai.batch import Batcher, BatchingConfig, BatchingEngine
+from imaging_ai.batch import Batcher, BatchingEngine
+from imaging_ai.batch_policy import BatchingConfig
 from imaging_ai.config import EnginesConfig
 from imaging_ai.errors import ConfigError, EngineError, StartupError
 from imaging_ai.infer.base import LoadedModel

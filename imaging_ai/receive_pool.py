@@ -26,7 +26,8 @@ from imaging_ai.config import Config
 from imaging_ai.db.session import make_engine
 from imaging_ai.errors import StartupError
 from imaging_ai.logs import setup_logging
-from imaging_ai.receive import Receiver, ReceiverStats, open_listener
+from imaging_ai.receive import Receiver, ReceiverStats
+from imaging_ai.receive_listen import open_listener, ssl_context
 from imaging_ai.spool import Spool
 from imaging_ai.supervise import Backoff, ChildStatus, Supervisor, die_with_parent
 
@@ -407,7 +408,7 @@ def _worker_main(
         places,
     )
     receiver.release_observers.append(released.set)
-    tls = receiver.ssl_context()
+    tls = ssl_context(config.dicom)
     ready.set()
 
     def serve(sock: socket.socket, address: str) -> None:

@@ -22,7 +22,7 @@ from multiprocessing.connection import Connection
 
 from imaging_ai import faults
 from imaging_ai.arena import SlotBatch
-from imaging_ai.batch import BatchCallback, Priority
+from imaging_ai.batch_requests import BatchCallback, Priority
 from imaging_ai.errors import EngineError
 from imaging_ai.infer.base import BackendInfo
 from imaging_ai.states import WorkerState

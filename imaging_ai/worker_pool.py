@@ -15,7 +15,7 @@ import time
 from dataclasses import replace
 
 from imaging_ai.arena import ArenaRef, SlotBatch
-from imaging_ai.batch import BatchCallback, Priority
+from imaging_ai.batch_requests import BatchCallback, Priority
 from imaging_ai.errors import EngineError, StartupError
 from imaging_ai.infer.base import BackendInfo
 from imaging_ai.modelcard import load_model_card

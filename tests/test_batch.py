@@ -14,18 +14,9 @@ import pytest
 from imaging_ai_devkit.fake_engines import FixedLatencyBackend, FixedLatencyEngine
 
 from imaging_ai.arena import SlotBatch
-from imaging_ai.batch import (
-    STUDY_MAX_SLICES,
-    BatchCallback,
-    Batcher,
-    BatchingConfig,
-    BatchingEngine,
-    Priority,
-    ResultSlot,
-    SliceRequest,
-    SliceWork,
-    choose_batch_size,
-)
+from imaging_ai.batch import STUDY_MAX_SLICES, Batcher, BatchingEngine
+from imaging_ai.batch_policy import BatchingConfig
+from imaging_ai.batch_requests import BatchCallback, Priority
 from imaging_ai.errors import EngineError
 from imaging_ai.infer.base import BackendInfo, FloatArray
 from tests.infer.tiny_model import make_tiny
@@ -196,43 +187,6 @@ def queue(batcher: Batcher, *studies: tuple[int, int, int, float]) -> list[Study
         started.append(Study(batcher, study, slices, rank, deadline))
         wait_until(lambda b=before, n=slices: batcher.pending == b + n)  # type: ignore[misc]
     return started
-
-
-def test_requests_sort_urgent_first_then_deadline_then_arrival() -> None:
-    slot = ResultSlot(1)
-
-    def req(rank: int, deadline: float, ns: int) -> SliceRequest:
-        return SliceRequest(rank, deadline, ns, SliceWork(f"{rank}/{deadline}/{ns}", 0, (0,), slot))
-
-    requests = [req(1, 50.0, 1), req(1, 10.0, 3), req(0, 99.0, 4), req(1, 10.0, 2)]
-    ordered = [r.payload.study for r in sorted(requests)]
-    assert ordered == ["0/99.0/4", "1/10.0/2", "1/10.0/3", "1/50.0/1"]
-    assert req(0, 1.0, 1).priority == (0, 1.0, 1)
-
-
-def test_batch_size_prefers_preferred_sizes_then_max_then_waits() -> None:
-    plain = BatchingConfig(max_batch_size=8)
-    assert choose_batch_size(3, plain, expired=False) == 0
-    assert choose_batch_size(3, plain, expired=True) == 3
-    assert choose_batch_size(20, plain, expired=False) == 8
-    preferred = BatchingConfig(max_batch_size=8, preferred_batch_sizes=(2, 4))
-    assert choose_batch_size(3, preferred, expired=False) == 2
-    assert choose_batch_size(7, preferred, expired=False) == 4
-    assert choose_batch_size(1, preferred, expired=True) == 1
-
-
-@pytest.mark.parametrize(
-    ("kwargs", "message"),
-    [
-        ({"max_batch_size": 0}, "max_batch_size"),
-        ({"max_batch_size": 4, "preferred_batch_sizes": (8,)}, "preferred_batch_sizes"),
-        ({"max_queue_delay_ms": -1.0}, "max_queue_delay_ms"),
-        ({"max_batch_size": 8, "max_pending": 4}, "max_pending"),
-    ],
-)
-def test_config_names_the_bad_knob(kwargs: dict[str, object], message: str) -> None:
-    with pytest.raises(ValueError, match=message):
-        BatchingConfig(**kwargs)  # type: ignore[arg-type]
 
 
 def test_urgent_slices_lead_the_next_batch_under_mixed_load(engine: FixedLatencyEngine) -> None:

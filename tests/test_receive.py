@@ -26,7 +26,8 @@ from imaging_ai.config import AllowedCaller, DicomConfig
 from imaging_ai.db.models import Instance, Study
 from imaging_ai.db.session import make_engine, upgrade
 from imaging_ai.dicom.association import Peer
-from imaging_ai.receive import Receiver, accepted_transfer_syntaxes
+from imaging_ai.receive import Receiver
+from imaging_ai.receive_contexts import accepted_transfer_syntaxes
 from imaging_ai.spool import Spool
 from tests.dicom_factory import ct_series
 

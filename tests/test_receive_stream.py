@@ -26,7 +26,8 @@ from imaging_ai.db.session import make_engine, upgrade
 from imaging_ai.dicom import dul, part10
 from imaging_ai.dicom.association import Peer
 from imaging_ai.errors import OutOfResources
-from imaging_ai.receive import HEAD_BYTES, Receiver, read_header
+from imaging_ai.receive import Receiver
+from imaging_ai.receive_incoming import HEAD_BYTES, read_header
 from tests.dicom_factory import ct_series
 from tests.test_receive import CALLED, start_receiver
 

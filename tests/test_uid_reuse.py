@@ -21,7 +21,8 @@ from imaging_ai.catalog import Catalog, InstanceMeta
 from imaging_ai.db.models import Instance, Series, Study
 from imaging_ai.db.session import make_engine, upgrade
 from imaging_ai.errors import DuplicateSOPInstance
-from imaging_ai.receive import STATUS_DUPLICATE_SOP_INSTANCE, Receiver
+from imaging_ai.receive import Receiver
+from imaging_ai.receive_store import STATUS_DUPLICATE_SOP_INSTANCE
 from imaging_ai.spool import Spool
 from tests.dicom_factory import ct_series
 from tests.test_receive import associate, start_receiver
@@ -98,7 +99,7 @@ def test_a_reused_uid_from_another_patient_is_refused_over_dicom(
         with Session(sqlite_engine) as s:
             path = s.scalars(select(Instance.path).where(Instance.sop_instance_uid == reused)).one()
         before = (receiver.spool.root / path).read_bytes()
-        with caplog.at_level(logging.WARNING, logger="imaging_ai.receive"):
+        with caplog.at_level(logging.WARNING, logger="imaging_ai.receive_store"):
             refused = assoc.send_c_store(other[0])  # type: ignore[attr-defined]
         assert refused.Status == STATUS_DUPLICATE_SOP_INSTANCE
         assert refused.ErrorComment.startswith("UID already in another study")

@@ -26,7 +26,8 @@ from imaging_ai_devkit.fake_engines import (
 
 from imaging_ai import worker_arenas, workers
 from imaging_ai.arena import SliceArena, SlotBatch
-from imaging_ai.batch import Batcher, BatchingConfig, BatchingEngine
+from imaging_ai.batch import Batcher, BatchingEngine
+from imaging_ai.batch_policy import BatchingConfig
 from imaging_ai.errors import EngineError, StartupError
 from imaging_ai.infer.base import BackendInfo, Engine, FloatArray
 from imaging_ai.infer.cuda_mem import CudaRuntime

@@ -40,7 +40,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from imaging_ai.batch import Batcher, BatchingConfig, BatchingEngine  # noqa: E402
+from imaging_ai.batch import Batcher, BatchingEngine  # noqa: E402
+from imaging_ai.batch_policy import BatchingConfig  # noqa: E402
 from imaging_ai.modelcard import ModelCard, load_model_card  # noqa: E402
 from imaging_ai.worker_pool import WorkerPool  # noqa: E402
 from imaging_ai.workers import PoolConfig, WorkerSpec  # noqa: E402

@@ -52,7 +52,8 @@ sys.path.insert(0, str(ROOT / "benchmarks" / "device"))
 from multi_gpu import gpu_sampler, proc_cpu_s, run_studies, self_cpu_s  # noqa: E402
 
 from imaging_ai.arena import SliceArena, SlotBatch  # noqa: E402
-from imaging_ai.batch import Batcher, BatchingConfig  # noqa: E402
+from imaging_ai.batch import Batcher  # noqa: E402
+from imaging_ai.batch_policy import BatchingConfig  # noqa: E402
 from imaging_ai.infer.base import infer_into  # noqa: E402
 from imaging_ai.infer.ort import last_stages  # noqa: E402
 from imaging_ai.modelcard import ModelCard, load_model_card  # noqa: E402

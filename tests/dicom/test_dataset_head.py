@@ -15,7 +15,8 @@ from pydicom.uid import ExplicitVRLittleEndian, ImplicitVRLittleEndian, generate
 from imaging_ai.catalog import CATALOG_KEYWORDS, meta_from_dataset
 from imaging_ai.dicom.dataset_head import HeadValues, PixelFacts, Reader
 from imaging_ai.errors import InvalidDataset
-from imaging_ai.receive import pixel_facts, read_header
+from imaging_ai.receive_incoming import read_header
+from imaging_ai.receive_store import pixel_facts
 from tests.dicom_factory import ct_dataset
 
 ROUTING = ("AdmissionID", "CurrentPatientLocation", "RequestedProcedurePriority")

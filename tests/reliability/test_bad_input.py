@@ -22,7 +22,7 @@ from pynetdicom import AE
 from pynetdicom.sop_class import CTImageStorage  # type: ignore[attr-defined]
 
 from imaging_ai.errors import InvalidDataset, UnsupportedInput
-from imaging_ai.receive import accepted_transfer_syntaxes
+from imaging_ai.receive_contexts import accepted_transfer_syntaxes
 from imaging_ai.volume import load_series
 from tests.conftest import wait_until
 from tests.dicom_factory import ct_series
