@@ -29,6 +29,9 @@ PIXEL_TAGS = frozenset({0x7FE00008, 0x7FE00009, 0x7FE00010})
 SPECIFIC_CHARACTER_SET = 0x00080005
 TRANSFER_SYNTAX_UID = 0x00020010
 ITEM = 0xFFFEE000
+# Ends an item's data set; pydicom ends any data set there, whatever its length, and reads no
+# further (`filereader.data_element_generator`).
+ITEM_DELIMITATION = 0xFFFEE00D
 UNDEFINED_LENGTH = 0xFFFFFFFF
 FILE_META_END = 0x00030000  # the File Meta Information is group 0002 (PS3.10 7.1)
 
@@ -118,7 +121,9 @@ def walk(
     -------
     Walk or None
         None where pydicom must read the bytes: an element of undefined length before ``stop``
-        (a sequence to walk item by item) or one cut off by ``end``.
+        (a sequence to walk item by item), one cut off by ``end``, or an item delimitation
+        where the stop would be (pydicom ends the data set there: no element at or past
+        ``stop`` follows, though the walk would say one does).
 
     Raises
     ------
@@ -140,7 +145,7 @@ def walk(
             group, number, vr, length = unpack_explicit(data, offset)
             tag = group << 16 | number
             if tag >= stop:
-                return Walk(elements, offset, tag)
+                return None if tag == ITEM_DELIMITATION else Walk(elements, offset, tag)
             try:
                 header = header_length[vr]  # subscript, not .get(): ~0.1 µs an element
             except KeyError:
@@ -154,7 +159,7 @@ def walk(
             group, number, length = unpack_implicit(data, offset)
             tag = group << 16 | number
             if tag >= stop:
-                return Walk(elements, offset, tag)
+                return None if tag == ITEM_DELIMITATION else Walk(elements, offset, tag)
             vr, value = None, offset + 8
         if length == UNDEFINED_LENGTH or value + length > end:
             return None

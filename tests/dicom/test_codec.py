@@ -339,3 +339,51 @@ def test_one_table_of_vrs_for_every_reader() -> None:
     for module in (dataset_head, slice_read, file_headers, dul, dimse):
         source = Path(module.__file__ or "").read_text(encoding="utf-8")
         assert 'struct.Struct("<HH2sH")' not in source, module.__name__  # no walker of its own
+
+
+def _check_damaged(data: bytes, explicit: bool, stop: int) -> None:
+    """The property test's assertions on one case (kept as regressions below)."""
+    test_damaged_bytes_are_read_as_pydicom_reads_them_or_stepped_aside.hypothesis.inner_test(  # type: ignore[attr-defined]
+        (data, explicit), stop
+    )
+
+
+@pytest.mark.parametrize("stop", [0xFFFE0000, codec.PIXEL_DATA, 0x00200000])
+@pytest.mark.parametrize("explicit", [True, False])
+def test_an_item_delimiter_in_a_data_set_ends_pydicoms_reading_and_the_walk_steps_aside(
+    explicit: bool, stop: int
+) -> None:
+    # pydicom ends a data set at (FFFE,E00D) whatever its length, before it looks at the stop:
+    # what follows is not read. The walk must not take it for the element it stops at.
+    head = encode(_patient_dataset(), explicit)
+    delimiter = struct.pack("<HHL", 0xFFFE, 0xE00D, 4) + b"\x00" * 4
+    tail = encode(_pixel_dataset(), explicit)
+    data = head + delimiter + tail
+    assert _walked(data, explicit, stop) is None
+    _check_damaged(data, explicit, stop)
+
+
+def test_vr_bytes_that_are_no_vr_with_an_undefined_length_are_refused_as_pydicom_reads_them() -> (
+    None
+):
+    # b"\xff\xff" where the VR goes: pydicom switches to implicit VR, where those bytes and the
+    # length's are 0xFFFFFFFF, an undefined length. The walk refuses the VR.
+    data = encode(_patient_dataset(), True) + struct.pack("<HH", 0x0010, 0x1010) + b"\xff" * 4
+    data += b"\x00" * 8
+    assert isinstance(_walked(data, True, codec.PIXEL_DATA), codec.UnknownVR)
+    _check_damaged(data, True, codec.PIXEL_DATA)
+
+
+def _patient_dataset() -> Dataset:
+    ds = Dataset()
+    ds.PatientID = "12345"
+    ds.Modality = "CT"
+    return ds
+
+
+def _pixel_dataset() -> Dataset:
+    ds = Dataset()
+    ds.Rows = 2
+    ds.BitsAllocated = 16
+    ds.PixelData = b"\x00" * 8
+    return ds
