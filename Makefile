@@ -35,7 +35,8 @@ LOCK_ARGS ?=
 lock:
 	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q 'uv==$(UV_VERSION)'
-	$(BIN)/uv pip compile $(PYPROJECTS) --extra dev --universal --python-version 3.11 \
+	$(BIN)/uv pip compile requirements/dev.in --universal --python-version 3.11 \
+	  --no-emit-package imaging-ai --no-emit-package imaging-ai-devkit \
 	  --generate-hashes --custom-compile-command 'make lock' $(LOCK_ARGS) -o $(LOCK)
 
 run: install
