@@ -22,7 +22,7 @@ from numpy.typing import NDArray
 from imaging_ai.analyse import Analysis
 from imaging_ai.config import Config
 from imaging_ai.outputs.common import read_headers
-from imaging_ai.outputs.files import encode_results
+from imaging_ai.outputs.files import EncodedResults, encode_results
 from imaging_ai.outputs.messages import MessageBuilder
 from imaging_ai.postprocess import LESION, measure, organ_volumes_ml
 from imaging_ai.volume import Volume, load_series
@@ -42,6 +42,14 @@ def warm_up_outputs(config: Config, builder: MessageBuilder | None = None) -> fl
     caller decides whether that stops the start.
     """
     started = time.perf_counter()
+    fixture_results(config, builder)
+    return time.perf_counter() - started
+
+
+def fixture_results(config: Config, builder: MessageBuilder | None = None) -> EncodedResults:
+    """The fixture's results as ``config`` has them made (SEG, the SR in each class its PACS
+    destinations take, ORU, FHIR), in memory: the warm-up's, and a real sample of what the
+    daemon sends (``scripts/conformance_tables.py`` reads their SOP classes and syntaxes)."""
     with resources.as_file(resources.files("imaging_ai.outputs") / _FIXTURE) as folder:
         paths = sorted(folder.glob("*.dcm"))
         volume = load_series(paths, workers=1)
@@ -50,8 +58,7 @@ def warm_up_outputs(config: Config, builder: MessageBuilder | None = None) -> fl
             lung_labels = lungs["labels"]
     analysis = _analysis(volume, lung_labels)
     when = datetime.now(UTC)
-    encode_results(analysis, headers, _WARM_JOB, when, "warm-up", config, builder)
-    return time.perf_counter() - started
+    return encode_results(analysis, headers, _WARM_JOB, when, "warm-up", config, builder)
 
 
 def _analysis(volume: Volume, lung_labels: NDArray[np.uint8]) -> Analysis:
