@@ -9,7 +9,8 @@ words radiology IT can act on (which PACS, which SOP class, which status and wha
   0x0110 Processing Failure, anything not known to be final);
 - refused for good (``final``): the PACS accepted the association but no presentation context
   for the object's SOP class, or answered a status that says the object itself is not taken
-  (0x0122 SOP Class Not Supported, 0x0124 Not Authorised, 0xA9xx, 0xCxxx). Sending the same
+  (0x0118 No Such SOP Class, 0x0122 SOP Class Not Supported, 0x0124 Not Authorised,
+  0x0211 Unrecognised Operation, 0xA9xx, 0xCxxx). Sending the same
   bytes again would get the same answer, so the outbox stops.
 """
 
@@ -30,6 +31,7 @@ from pynetdicom import AE, evt
 from pynetdicom.status import STORAGE_SERVICE_CLASS_STATUS
 
 from imaging_ai.config import PacsDestination
+from imaging_ai.dicom.dul import IMPLEMENTATION_CLASS_UID, IMPLEMENTATION_VERSION
 from imaging_ai.errors import DeliveryError
 
 # C-STORE statuses that mean "stored": success and the warnings (coercion, elements discarded).
@@ -166,6 +168,15 @@ def _hint(sop_class: UID) -> str:
     return ""
 
 
+def scu_ae(calling_ae: str) -> AE:
+    """The Storage SCU's application entity: the daemon's own implementation identity, as its
+    SCP announces it (a PACS logs and filters associations by it), not pynetdicom's."""
+    ae = AE(ae_title=calling_ae)
+    ae.implementation_class_uid = IMPLEMENTATION_CLASS_UID
+    ae.implementation_version_name = IMPLEMENTATION_VERSION
+    return ae
+
+
 def _associate(
     calling_ae: str,
     dest: PacsDestination,
@@ -174,7 +185,7 @@ def _associate(
 ) -> Any:
     """An association proposing each (SOP class, transfer syntax); one whose contexts were
     all refused is returned too (not established), for :func:`refused_contexts` to read."""
-    ae = AE(ae_title=calling_ae)
+    ae = scu_ae(calling_ae)
     for sop_class, syntax in sorted(contexts):
         ae.add_requested_context(sop_class, syntax)
     ae.network_timeout = ae.acse_timeout = ae.dimse_timeout = TIMEOUT_S

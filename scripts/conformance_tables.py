@@ -34,7 +34,6 @@ from unittest import mock
 from pydicom import dcmread
 from pydicom.filebase import DicomBytesIO
 from pydicom.uid import UID
-from pynetdicom import AE
 from pynetdicom.presentation import PresentationContext
 from pynetdicom.status import STORAGE_SERVICE_CLASS_STATUS
 
@@ -100,7 +99,7 @@ def file_meta(data: bytes | memoryview) -> tuple[str, str]:
 
 def implementation() -> str:
     """What each side announces at association, and the File Meta of what it writes."""
-    scu = AE()  # outbox_pacs sets neither its implementation UID nor its version name
+    scu = outbox_pacs.scu_ae("IMAGING_AI")
     seg_uid, seg_version = file_meta(encoded_results().seg)
     rows = [
         ("Implementation Class UID", dul.IMPLEMENTATION_CLASS_UID, scu.implementation_class_uid),

@@ -250,3 +250,32 @@ def test_the_connection_handler_sets_tcp_nodelay() -> None:
         assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) == 1
     finally:
         sock.close()
+
+
+def test_the_storage_scu_announces_the_daemons_implementation_not_pynetdicoms() -> None:
+    from pynetdicom import AE, evt
+    from pynetdicom.sop_class import Verification  # type: ignore[attr-defined]
+
+    from imaging_ai.dicom.dul import IMPLEMENTATION_CLASS_UID, IMPLEMENTATION_VERSION
+
+    seen: list[tuple[str, str]] = []
+
+    def requested(event: Any) -> None:
+        requestor = event.assoc.requestor
+        seen.append((requestor.implementation_class_uid, requestor.implementation_version_name))
+
+    scp = AE(ae_title="PACS")
+    scp.add_supported_context(Verification)
+    port = free_port()
+    server = scp.start_server(
+        ("127.0.0.1", port), block=False, evt_handlers=[(evt.EVT_REQUESTED, requested)]
+    )
+    try:
+        scu = outbox_pacs.scu_ae("IMAGING_AI")
+        scu.add_requested_context(Verification)
+        assoc = scu.associate("127.0.0.1", port, ae_title="PACS")
+        assert assoc.is_established
+        assoc.release()
+    finally:
+        server.shutdown()
+    assert seen == [(IMPLEMENTATION_CLASS_UID, IMPLEMENTATION_VERSION)]
