@@ -18,13 +18,13 @@ from collections.abc import Iterable
 
 from pydicom.pixels.decoders.base import get_decoder
 from pydicom.uid import (
+    JPEG2000,
     RE_VALID_UID,
     UID,
     DeflatedExplicitVRLittleEndian,
     ExplicitVRBigEndian,
     ExplicitVRLittleEndian,
     ImplicitVRLittleEndian,
-    JPEG2000,
     JPEG2000Lossless,
     JPEGBaseline8Bit,
     JPEGExtended12Bit,
@@ -44,7 +44,11 @@ from pynetdicom.sop_class import (  # type: ignore[attr-defined]
 )
 
 # The classes whose pixels are decoded into a volume: only these are ever analysed.
-ANALYSED_SOP_CLASSES = (CTImageStorage, EnhancedCTImageStorage, LegacyConvertedEnhancedCTImageStorage)
+ANALYSED_SOP_CLASSES = (
+    CTImageStorage,
+    EnhancedCTImageStorage,
+    LegacyConvertedEnhancedCTImageStorage,
+)
 # Every Storage SOP class pynetdicom knows, by keyword ("all" in the configuration).
 ALL_STORAGE_SOP_CLASSES: dict[str, str] = {k: str(v) for k, v in _STORAGE_CLASSES.items()}
 UNCOMPRESSED_SYNTAXES = (

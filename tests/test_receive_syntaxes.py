@@ -179,9 +179,7 @@ def test_deflate_alone_is_success(receiver: Receiver, tmp_path: Path) -> None:
         assoc.release()
 
 
-def test_deflated_pixel_data_cut_short_is_still_refused(
-    receiver: Receiver, tmp_path: Path
-) -> None:
+def test_deflated_pixel_data_cut_short_is_still_refused(receiver: Receiver, tmp_path: Path) -> None:
     ds = pydicom.dcmread(ct_series(tmp_path / "src", slices=1)[0])
     ds.PixelData = ds.PixelData[: len(ds.PixelData) // 2]  # the image needs twice as many
     ae = AE(ae_title="PACS")

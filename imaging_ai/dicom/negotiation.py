@@ -3,8 +3,8 @@
 The fixed fields (protocol version, AE titles) are checked before anything is decoded; the
 presentation contexts are negotiated by pynetdicom's ``negotiate_as_acceptor``, each then
 given the sender's first choice of transfer syntax among those we accept (pynetdicom takes
-ours), and the A-ASSOCIATE-AC is encoded once. Admission (who may associate) is the receiver's decision and
-is not taken here.
+ours), and the A-ASSOCIATE-AC is encoded once. Admission (who may associate) is the
+receiver's decision and is not taken here.
 """
 
 from __future__ import annotations
