@@ -33,7 +33,7 @@ from imaging_ai.postprocess import (
     segment_reported,
 )
 from imaging_ai.preprocess import prepare_slices, resize_back
-from imaging_ai.volume import Volume, group_series, load_series, pick_series
+from imaging_ai.volume import Volume, choose_series, group_series, load_series
 
 RIGHT_LUNG_CODE = "3341006"
 LEFT_LUNG_CODE = "44029006"
@@ -55,6 +55,8 @@ class Analysis:
     # ones), and plain-words limits of the input (thick slices, gaps) for every report.
     candidates: tuple[Lesion, ...] = ()
     caveats: tuple[str, ...] = ()
+    # The study's other series, by Series Instance UID: why each was not analysed.
+    not_analysed: dict[str, str] = field(default_factory=dict)
 
     def findings_json(self) -> dict[str, Any]:
         """The findings as JSON: lesions, organ volumes, model versions, timings."""
@@ -248,10 +250,12 @@ def analyse_study(files: list[Path], models: Models) -> Analysis:
     series = group_series(files)
     if not series:
         raise UnsupportedInput("no DICOM image series in the study")
-    volume = load_series(series[pick_series(series)])
+    choice = choose_series(series)
+    volume = load_series(series[choice.uid])
     loaded = time.perf_counter() - t
     result = analyse(volume, models.lungs, models.nodules, models.candidates)
-    return replace(result, timings_s={"load": loaded, **result.timings_s})
+    timings = {"load": loaded, **result.timings_s}
+    return replace(result, timings_s=timings, not_analysed=choice.not_analysed)
 
 
 def write_outputs(analysis: Analysis, out: Path) -> None:

@@ -1,4 +1,8 @@
-"""Takes spooled instances and records them as study, series and instance rows; reconciles."""
+"""Takes spooled instances and records them as study, series and instance rows; reconciles.
+
+A series that will never be analysed is marked so from its first instance, with the reason
+(`not_analysed`): not a CT image (a dose SR, a secondary capture), or our own earlier result.
+"""
 
 from __future__ import annotations
 
@@ -11,6 +15,7 @@ from datetime import UTC, datetime
 from typing import Any, TypeVar, cast
 
 import pydicom
+from pydicom.uid import UID
 from sqlalchemy import Dialect, Engine, delete, select, update
 from sqlalchemy.engine.interfaces import DBAPICursor
 from sqlalchemy.exc import DBAPIError, IntegrityError
@@ -19,6 +24,8 @@ from sqlalchemy.orm import Session
 from imaging_ai.db.models import Instance, Series, Study, UTCDateTime
 from imaging_ai.dicom.dataset_head import HeadValues
 from imaging_ai.errors import DuplicateSOPInstance, InvalidDataset
+from imaging_ai.receive_contexts import ANALYSED_SOP_CLASSES
+from imaging_ai.site import MANUFACTURER
 from imaging_ai.spool import Spool
 from imaging_ai.states import StudyState
 
@@ -35,6 +42,7 @@ CATALOG_KEYWORDS = (
     "PatientName",
     "PatientID",
     "StudyDate",
+    "Manufacturer",
 )
 _Row = TypeVar("_Row", Study, Series)
 
@@ -56,6 +64,7 @@ class InstanceMeta:
     study_date: str = ""
     calling_ae: str = ""
     routing: dict[str, Any] = field(default_factory=dict, compare=False)
+    manufacturer: str = ""
 
 
 def meta_from_dataset(
@@ -93,7 +102,25 @@ def meta_from_dataset(
         study_date=str(ds.get("StudyDate", "")),
         calling_ae=calling_ae,
         routing=routing_values(ds, routing_tags),
+        manufacturer=str(ds.get("Manufacturer", "") or ""),
     )
+
+
+def not_analysed(meta: InstanceMeta) -> str:
+    """Why the series of this instance is kept but never analysed; "" where it may be.
+
+    Our own SEG and SR carry our Manufacturer (`imaging_ai.site.MANUFACTURER`), which no
+    scanner writes; anything that is not a CT image is named by its SOP class. Which CT
+    series is analysed (not a localizer, axial, enough slices) is decided when the study is
+    (`imaging_ai.volume.choose_series`).
+    """
+    if meta.manufacturer == MANUFACTURER:
+        return "our own result"
+    if meta.sop_class_uid not in ANALYSED_SOP_CLASSES:
+        return f"not CT: {UID(meta.sop_class_uid).name}"
+    if meta.modality != "CT":
+        return f"not CT: modality {meta.modality or 'not given'}"
+    return ""
 
 
 def routing_values(ds: pydicom.Dataset | HeadValues, tags: tuple[str, ...]) -> dict[str, str]:
@@ -287,6 +314,7 @@ class Catalog:
             modality=meta.modality,
             series_number=meta.series_number,
             last_instance_at=at,
+            not_analysed=not_analysed(meta),
         )
         return _insert_or_get(s, series, query)
 

@@ -37,6 +37,7 @@ from pydantic_core import ErrorDetails
 from pydicom.datadict import keyword_dict
 
 from imaging_ai.errors import ConfigError
+from imaging_ai.receive_contexts import ANALYSED_SOP_CLASSES, storage_sop_classes
 
 ENV_PREFIX = "IMAGING_AI_"
 PRIORITY_CLASSES = ("urgent", "inpatient", "outpatient")
@@ -127,6 +128,8 @@ class DicomConfig:
     tls_cert: StrictStr = ""
     tls_key: StrictStr = ""
     tls_ca: StrictStr = ""
+    # The Storage SOP classes offered: "all" (pynetdicom's list), keywords or UIDs.
+    storage_sop_classes: Strings = ("all",)
 
 
 @dataclass(frozen=True)
@@ -584,6 +587,15 @@ def _validate_dicom(d: DicomConfig) -> None:
         raise ConfigError(f"dicom.max_pdu must be 0 (unlimited) or >= 4096, got {d.max_pdu}")
     if bool(d.tls_cert) != bool(d.tls_key):
         raise ConfigError("dicom.tls_cert and dicom.tls_key must be given together")
+    try:
+        classes = storage_sop_classes(d.storage_sop_classes)
+    except ValueError as exc:
+        raise ConfigError(f"dicom.storage_sop_classes {exc}") from None
+    if not set(classes) & set(ANALYSED_SOP_CLASSES):
+        raise ConfigError(
+            "dicom.storage_sop_classes must include CTImageStorage (or Enhanced CT), "
+            f"the images analysed, got {list(d.storage_sop_classes)!r}"
+        )
 
 
 def _validate_http(h: HttpConfig) -> None:

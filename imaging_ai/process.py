@@ -270,6 +270,7 @@ class Processor:
             job.state, job.finished_at, job.lease_until = JobState.DONE, created, None
             job.timings, job.notes = timings, [*job.notes, *notes]
             study.error = ""
+            _mark_not_analysed(s, study.id, analysis)
             deliveries = self.outbox.enqueue(s, study, list(results.payloads), created)
         log.info(
             "study %d analysed in %.1f s: %d lesion(s), %d deliveries",
@@ -292,6 +293,19 @@ class Processor:
             job.state, job.finished_at, job.lease_until = JobState.FAILED, now, None
             job.error = reason
             study.state, study.error = StudyState.FAILED, reason
+
+
+def _mark_not_analysed(s: Session, study_id: int, analysis: Analysis) -> None:
+    """Record on the study's series why each was not analysed; the one analysed has none.
+
+    A reason given at receipt (not CT, our own result) stands.
+    """
+    for series in s.scalars(select(Series).where(Series.study_id == study_id)):
+        uid = series.series_instance_uid
+        if uid == analysis.volume.series_instance_uid:
+            series.not_analysed = ""
+        elif not series.not_analysed and uid in analysis.not_analysed:
+            series.not_analysed = analysis.not_analysed[uid][:200]
 
 
 class EngineClock:

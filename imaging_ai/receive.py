@@ -100,7 +100,7 @@ class Receiver:
         self.release_observers: list[Callable[[], None]] = []
         self.ae_title = config.ae_title
         self.max_pdu = config.max_pdu
-        self.contexts = supported_contexts()
+        self.contexts = supported_contexts(config.storage_sop_classes)
         self.instances = InstanceStore(
             spool, catalog, routing_tags, self.active_associations, config.max_associations
         )

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import zlib
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass
@@ -22,6 +23,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from pydicom import Dataset, dcmread
+from pydicom.uid import UID
 from sqlalchemy.exc import SQLAlchemyError
 
 from imaging_ai.catalog import CATALOG_KEYWORDS, Catalog, InstanceMeta, meta_from_dataset
@@ -45,6 +47,7 @@ STATUS_SOP_CLASS_MISMATCH = 0xA900
 STATUS_CANNOT_UNDERSTAND = 0xC000
 PIXEL_DATA_TAG = codec.PIXEL_DATA
 UNDEFINED_LENGTH = codec.UNDEFINED_LENGTH
+_INFLATE_CHUNK = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -176,7 +179,7 @@ class InstanceStore:
         if header is None:
             ds = self._read_file(path)
             dataset_head.check_vrs(ds)
-            _check_pixel_data_complete(pixel_facts(ds), path.stat().st_size, syntax)
+            _check_pixel_data_complete(pixel_facts(ds), _read_size(path, ds, syntax), syntax)
             meta = self.header_meta(ds, syntax, peer.calling_ae)
         else:
             _check_pixel_data_complete(header.pixel, header.size, syntax)
@@ -303,6 +306,34 @@ def pixel_facts(ds: Dataset) -> PixelFacts:
     elem = ds.get_item(PIXEL_DATA_TAG, keep_deferred=True)
     length = getattr(elem, "length", None)
     return PixelFacts(getattr(elem, "value_tell", None), length, needed_bytes(ds))
+
+
+def _read_size(path: Path, ds: Dataset, syntax: str) -> int:
+    """The length of what pydicom read, in the coordinates of its elements' positions.
+
+    The file's size, but for deflate the inflated data set's: pydicom inflates the data set
+    and its positions count from the inflated stream's start, so the compressed file's size
+    would make a complete data set look truncated (every deflated C-STORE refused 0xC000).
+    """
+    if not UID(syntax).is_deflated:
+        return path.stat().st_size
+    start = _dataset_start(path, ds)
+    with path.open("rb") as f:
+        f.seek(start)
+        inflater = zlib.decompressobj(-zlib.MAX_WBITS)
+        size = 0
+        while chunk := f.read(_INFLATE_CHUNK):
+            size += len(inflater.decompress(chunk))
+        return size + len(inflater.flush())
+
+
+def _dataset_start(path: Path, ds: Dataset) -> int:
+    """Where the data set starts in a Part-10 file: after the preamble and File Meta."""
+    group_length = ds.file_meta.get("FileMetaInformationGroupLength")
+    if group_length is None:
+        raise InvalidDataset("deflated data set without File Meta Information Group Length")
+    # Preamble and 'DICM', then the group length element (12 bytes) and the group it counts.
+    return codec.PREAMBLE_BYTES + 12 + int(group_length)
 
 
 def _check_command_uids(meta: InstanceMeta, command: Command | Dataset) -> None:

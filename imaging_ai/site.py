@@ -22,6 +22,9 @@ from imaging_ai.config import Config
 from imaging_ai.durable import fsync_path
 
 SERIAL_FILE = "device-serial-number"
+# Manufacturer (0008,0070) of every SEG and SR we write: how our own earlier results are
+# recognised when a PACS sends a whole study back (`imaging_ai.catalog.not_analysed`).
+MANUFACTURER = "imaging-ai"
 
 
 def with_device_serial_number(config: Config) -> Config:

@@ -214,23 +214,59 @@ def pick_series(series: Mapping[str, Sequence[Path]]) -> str:
     UnsupportedInput
         No series qualifies; the message lists what the study holds.
     """
+    return choose_series(series).uid
+
+
+@dataclass(frozen=True)
+class SeriesChoice:
+    """The series analysed, and why each other series of the study is not (in words)."""
+
+    uid: str
+    not_analysed: dict[str, str]
+
+
+def choose_series(series: Mapping[str, Sequence[Path]]) -> SeriesChoice:
+    """:func:`pick_series`' choice, with the reason each other series is left out.
+
+    Raises
+    ------
+    UnsupportedInput
+        No series qualifies; the message lists what the study holds.
+    """
     facts = [_facts(uid, paths) for uid, paths in series.items()]
     axial = [f for f in facts if f.kind == "axial CT"]
     if not axial:
         seen = "; ".join(f"{f.uid} ({f.kind}, {len(series[f.uid])} files)" for f in facts)
         raise UnsupportedInput(f"the study has no axial CT series; it holds: {seen}")
-    if len(axial) == 1:
-        return axial[0].uid
-    extents = {f.uid: _extent(series[f.uid]) for f in axial}
-    longest = max(extent for extent, _ in extents.values())
+    extents = {f.uid: _extent(series[f.uid]) for f in axial} if len(axial) > 1 else {}
+    longest = max((extent for extent, _ in extents.values()), default=0.0)
+
+    def suitable(f: _SeriesFacts) -> bool:
+        return not f.reformat and extents[f.uid][0] >= _COVERAGE * longest
 
     def rank(f: _SeriesFacts) -> tuple[bool, float, int, int, str]:
-        extent, spacing = extents[f.uid]
-        suitable = not f.reformat and extent >= _COVERAGE * longest
-        thickness = f.thickness_mm or spacing
-        return (not suitable, thickness if suitable else 0.0, -f.slices, f.number, f.uid)
+        thickness = f.thickness_mm or extents[f.uid][1]
+        fits = suitable(f)
+        return (not fits, thickness if fits else 0.0, -f.slices, f.number, f.uid)
 
-    return min(axial, key=rank).uid
+    chosen = axial[0] if len(axial) == 1 else min(axial, key=rank)
+
+    def reason(f: _SeriesFacts) -> str:
+        if f.kind != "axial CT":
+            return _KIND_REASONS.get(f.kind, f"not CT: {f.kind}")
+        if f.slices < 3:
+            return "too few images for a volume"
+        if f.reformat:
+            return "reformatted images (another series analysed)"
+        if not suitable(f):
+            return "covers too little of the scan (another series analysed)"
+        return "another axial series analysed (thinner slices)"
+
+    others = {f.uid: reason(f) for f in facts if f.uid != chosen.uid}
+    return SeriesChoice(chosen.uid, others)
+
+
+_KIND_REASONS = {"CT localizer": "localizer", "non-axial CT": "not axial (no volume built)"}
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,5 @@
-"""Small valid CT instances for tests that must not depend on the phantom generator."""
+"""Small valid instances for tests that must not depend on the phantom generator: CT images,
+and the other instances a CT study holds (a dose SR, a localizer)."""
 
 from __future__ import annotations
 
@@ -6,7 +7,12 @@ from pathlib import Path
 
 import numpy as np
 from pydicom.dataset import Dataset, FileMetaDataset
-from pydicom.uid import CTImageStorage, ExplicitVRLittleEndian, generate_uid
+from pydicom.uid import (
+    CTImageStorage,
+    ExplicitVRLittleEndian,
+    XRayRadiationDoseSRStorage,
+    generate_uid,
+)
 
 
 def ct_series(
@@ -69,3 +75,56 @@ def ct_dataset(study_uid: str, series_uid: str, index: int, size: int = 64) -> D
     rng = np.random.default_rng(index)
     ds.PixelData = rng.integers(-1000, 1000, (size, size), dtype=np.int16).tobytes()
     return ds
+
+
+def _code(value: str, scheme: str, meaning: str) -> Dataset:
+    item = Dataset()
+    item.CodeValue, item.CodingSchemeDesignator, item.CodeMeaning = value, scheme, meaning
+    return item
+
+
+def _file(ds: Dataset, sop_class: str) -> Dataset:
+    meta = FileMetaDataset()
+    meta.MediaStorageSOPClassUID = sop_class
+    meta.MediaStorageSOPInstanceUID = ds.SOPInstanceUID = generate_uid()
+    meta.TransferSyntaxUID = ExplicitVRLittleEndian
+    ds.file_meta, ds.SOPClassUID = meta, sop_class
+    return ds
+
+
+def dose_sr(path: Path, of: Dataset, series_number: int = 997) -> Path:
+    """A minimal X-Ray Radiation Dose SR (TID 10011, CT Radiation Dose) of ``of``'s study."""
+    ds = _file(Dataset(), XRayRadiationDoseSRStorage)
+    for keyword in ("StudyInstanceUID", "PatientName", "PatientID", "AccessionNumber"):
+        setattr(ds, keyword, of.get(keyword, ""))
+    ds.StudyDate, ds.StudyTime, ds.StudyID = of.get("StudyDate", ""), "093000", "1"
+    ds.ReferringPhysicianName, ds.PatientBirthDate, ds.PatientSex = "", "", "O"
+    ds.SeriesInstanceUID, ds.SeriesNumber, ds.InstanceNumber = generate_uid(), series_number, 1
+    ds.Modality, ds.Manufacturer = "SR", "Scanner Vendor"
+    ds.ContentDate, ds.ContentTime = ds.StudyDate, ds.StudyTime
+    ds.CompletionFlag, ds.VerificationFlag = "COMPLETE", "UNVERIFIED"
+    ds.ValueType, ds.ContinuityOfContent = "CONTAINER", "SEPARATE"
+    ds.ConceptNameCodeSequence = [_code("113701", "DCM", "X-Ray Radiation Dose Report")]
+    template = Dataset()
+    template.MappingResource, template.TemplateIdentifier = "DCMR", "10011"
+    ds.ContentTemplateSequence = [template]
+    procedure = Dataset()
+    procedure.RelationshipType, procedure.ValueType = "HAS CONCEPT MOD", "CODE"
+    procedure.ConceptNameCodeSequence = [_code("121058", "DCM", "Procedure reported")]
+    procedure.ConceptCodeSequence = [_code("77477000", "SCT", "Computed Tomography X-Ray")]
+    ds.ContentSequence = [procedure]
+    ds.save_as(path, enforce_file_format=True)
+    return path
+
+
+def localizer(path: Path, of: Dataset, series_number: int = 998) -> Path:
+    """A one-image CT localizer (scout, ImageType LOCALIZER, coronal) of ``of``'s study."""
+    ds = ct_dataset(str(of.StudyInstanceUID), generate_uid(), 0, int(of.Rows))
+    for keyword in ("PatientName", "PatientID", "AccessionNumber", "StudyDate"):
+        setattr(ds, keyword, of.get(keyword, ""))
+    ds.FrameOfReferenceUID = of.FrameOfReferenceUID
+    ds.ImageType = ["ORIGINAL", "PRIMARY", "LOCALIZER"]
+    ds.ImageOrientationPatient = [1.0, 0.0, 0.0, 0.0, 0.0, -1.0]
+    ds.SeriesNumber = series_number
+    ds.save_as(path, enforce_file_format=True)
+    return path

@@ -232,3 +232,35 @@ def test_outputs_institution_is_a_deprecated_alias(tmp_path: Path) -> None:
     assert config.institution == "Old"
     (note,) = deprecations(config)
     assert "outputs.institution is deprecated" in note and "[site] institution" in note
+
+
+def test_storage_sop_classes_default_to_all_and_resolve(tmp_path: Path) -> None:
+    from imaging_ai.receive_contexts import ALL_STORAGE_SOP_CLASSES, storage_sop_classes
+
+    default = load_config(write(tmp_path, ""), environ={}).dicom.storage_sop_classes
+    assert default == ("all",)
+    assert storage_sop_classes(default) == tuple(ALL_STORAGE_SOP_CLASSES.values())
+    text = "[dicom]\nstorage_sop_classes = ['CTImageStorage', 'all', '1.3.12.2.1107.5.9.1']\n"
+    listed = load_config(write(tmp_path, text), environ={}).dicom.storage_sop_classes
+    resolved = storage_sop_classes(listed)
+    assert resolved[0] == "1.2.840.10008.5.1.4.1.1.2" and resolved[-1] == "1.3.12.2.1107.5.9.1"
+    assert len(resolved) == len(ALL_STORAGE_SOP_CLASSES) + 1  # CT once, the private one added
+    env = {"IMAGING_AI_DICOM__STORAGE_SOP_CLASSES": "CTImageStorage,EnhancedCTImageStorage"}
+    only_ct = load_config(write(tmp_path, ""), environ=env).dicom.storage_sop_classes
+    assert only_ct == ("CTImageStorage", "EnhancedCTImageStorage")
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        ("['CTImageStorage', 'CTImage']", "dicom.storage_sop_classes has 'CTImage': not \"all\""),
+        ("['1.2.840.10008.5.1.4.1.1.2', '1.2.03']", "dicom.storage_sop_classes has '1.2.03'"),
+        ("['MRImageStorage']", "dicom.storage_sop_classes must include CTImageStorage"),
+        ("[]", "dicom.storage_sop_classes must include CTImageStorage"),
+        ("1", "dicom.storage_sop_classes"),
+    ],
+)
+def test_bad_storage_sop_classes_name_the_key(tmp_path: Path, value: str, message: str) -> None:
+    path = write(tmp_path, f"[dicom]\nstorage_sop_classes = {value}\n")
+    with pytest.raises(ConfigError, match=message.replace("[", r"\[").replace("]", r"\]")):
+        load_config(path, environ={})

@@ -42,7 +42,12 @@ def sqlite_engine(tmp_path: Path) -> Iterator[Engine]:
     engine.dispose()
 
 
-def start_receiver(engine: Engine, tmp_path: Path, min_free_mb: int = 0) -> Receiver:
+def start_receiver(
+    engine: Engine,
+    tmp_path: Path,
+    min_free_mb: int = 0,
+    storage_sop_classes: tuple[str, ...] = ("all",),
+) -> Receiver:
     config = DicomConfig(
         ae_title=CALLED,
         port=free_port(),
@@ -50,6 +55,7 @@ def start_receiver(engine: Engine, tmp_path: Path, min_free_mb: int = 0) -> Rece
             AllowedCaller("PACS", "127.0.0.1"),
             AllowedCaller("STORESCU", "127.0.0.1"),
         ),
+        storage_sop_classes=storage_sop_classes,
     )
     spool = Spool(tmp_path / "spool", min_free_mb)
     spool.prepare()
@@ -167,12 +173,29 @@ def test_garbage_bytes_are_refused(receiver: Receiver, tmp_path: Path) -> None:
     assert list(receiver.spool.walk()) == []
 
 
-def test_mr_storage_is_not_accepted(receiver: Receiver) -> None:
+def test_mr_storage_is_not_accepted_where_the_list_is_ct(
+    sqlite_engine: Engine, tmp_path: Path
+) -> None:
+    # Every Storage SOP class is offered by default (tests/test_receive_whole_study.py); a
+    # site that lists CT and Enhanced CT only is offered only those.
+    receiver = start_receiver(
+        sqlite_engine, tmp_path, storage_sop_classes=("CTImageStorage", "EnhancedCTImageStorage")
+    )
+    try:
+        assoc = associate(receiver.port)
+        accepted = {c.abstract_syntax for c in assoc.accepted_contexts}  # type: ignore[attr-defined]
+        assoc.release()  # type: ignore[attr-defined]
+    finally:
+        receiver.stop()
+    assert MRImageStorage not in accepted  # only CT and Enhanced CT are offered to the pipeline
+    assert CTImageStorage in accepted
+
+
+def test_mr_storage_is_accepted_by_default(receiver: Receiver) -> None:
     assoc = associate(receiver.port)
     accepted = {c.abstract_syntax for c in assoc.accepted_contexts}  # type: ignore[attr-defined]
     assoc.release()  # type: ignore[attr-defined]
-    assert MRImageStorage not in accepted  # only CT and Enhanced CT are offered to the pipeline
-    assert CTImageStorage in accepted
+    assert {MRImageStorage, CTImageStorage} <= accepted  # kept, never analysed
 
 
 def test_sop_class_mismatch_answers_a900(receiver: Receiver, tmp_path: Path) -> None:

@@ -118,6 +118,9 @@ class Series(Base):
     series_number: Mapped[int | None] = mapped_column(Integer, nullable=True)
     last_instance_at: Mapped[datetime] = mapped_column(UTCDateTime())
     completed_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+    # Why the series is kept but not analysed, in words ("not CT: X-Ray Radiation Dose SR
+    # Storage", "our own result", "localizer"); empty while it may be analysed.
+    not_analysed: Mapped[str] = mapped_column(String(200), default="", server_default="")
 
     study: Mapped[Study] = relationship(back_populates="series")
     instances: Mapped[list[Instance]] = relationship(back_populates="series")

@@ -229,10 +229,12 @@ def check_vrs(ds: Dataset) -> None:
 def needed_bytes(source: Any) -> int:
     """Bytes of native Pixel Data that a data set's image attributes call for."""
     frames = int(source.get("NumberOfFrames") or 1)
-    bytes_per_sample = (int(source.get("BitsAllocated") or 16) + 7) // 8
+    bits = int(source.get("BitsAllocated") or 16)
     samples = int(source.get("SamplesPerPixel") or 1)
     pixels = int(source.get("Rows") or 0) * int(source.get("Columns") or 0)
-    return pixels * frames * samples * bytes_per_sample
+    if bits == 1:  # a binary SEG's frames are packed 8 pixels a byte, one after the other
+        return (pixels * frames * samples + 7) // 8
+    return pixels * frames * samples * ((bits + 7) // 8)
 
 
 _UNREADABLE = object()

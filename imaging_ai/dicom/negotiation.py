@@ -1,9 +1,10 @@
 """Takes an A-ASSOCIATE-RQ's body and what we accept; gives the answer (PS3.8 7.1, PS3.7 D.3).
 
 The fixed fields (protocol version, AE titles) are checked before anything is decoded; the
-presentation contexts are negotiated by pynetdicom's ``negotiate_as_acceptor`` and the
-A-ASSOCIATE-AC is encoded once. Admission (who may associate) is the receiver's decision and
-is not taken here.
+presentation contexts are negotiated by pynetdicom's ``negotiate_as_acceptor``, each then
+given the sender's first choice of transfer syntax among those we accept (pynetdicom takes
+ours), and the A-ASSOCIATE-AC is encoded once. Admission (who may associate) is the
+receiver's decision and is not taken here.
 """
 
 from __future__ import annotations
@@ -65,9 +66,9 @@ def _negotiated(body: bytes, max_pdu: int, ours: list[PresentationContext]) -> O
     if refused is not None:
         return Offer(calling, called, refused, {}, {}, b"")
     request = dul.decode_associate_rq(bytearray(body))
-    results, _roles = negotiate_as_acceptor(
-        request.presentation_context_definition_list, ours, None
-    )
+    requested = request.presentation_context_definition_list
+    results, _roles = negotiate_as_acceptor(requested, ours, None)
+    _senders_choice(requested, results, ours)
     contexts = {int(cx.context_id or 0): cx for cx in results if cx.result == 0x00}
     return Offer(
         calling_ae=calling,
@@ -77,6 +78,27 @@ def _negotiated(body: bytes, max_pdu: int, ours: list[PresentationContext]) -> O
         abstract_syntaxes={cid: str(cx.abstract_syntax) for cid, cx in contexts.items()},
         accept=dul.encode_associate_ac(request, results, max_pdu),
     )
+
+
+def _senders_choice(
+    requested: list[PresentationContext],
+    results: list[PresentationContext],
+    ours: list[PresentationContext],
+) -> None:
+    """Give each accepted context the first syntax the sender proposed that we accept.
+
+    The sender lists its syntaxes in its order of preference (PS3.8 9.3.2.2): a PACS that
+    holds a study JPEG-LS compressed sends it as it is, without decompressing it for us.
+    """
+    proposed = {cx.context_id: cx.transfer_syntax for cx in requested}
+    accepted = {str(cx.abstract_syntax): set(cx.transfer_syntax) for cx in ours}
+    for cx in results:
+        if cx.result != 0x00:
+            continue
+        ours_here = accepted.get(str(cx.abstract_syntax), set())
+        choice = next((ts for ts in proposed.get(cx.context_id, []) if ts in ours_here), None)
+        if choice is not None:
+            cx.transfer_syntax = [choice]
 
 
 def _refusal(body: bytes) -> tuple[int, int, int] | None:

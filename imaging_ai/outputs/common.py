@@ -20,6 +20,7 @@ from numpy.typing import NDArray
 from pydicom.dataset import Dataset
 
 import imaging_ai
+from imaging_ai import site
 from imaging_ai.dicom import file_headers
 from imaging_ai.dicom.times import dicom_datetime
 from imaging_ai.errors import InvalidDataset, UnsupportedInput
@@ -32,7 +33,7 @@ if TYPE_CHECKING:  # at run time only its attributes are read; importing it load
 
 log = logging.getLogger(__name__)
 
-MANUFACTURER = "imaging-ai"
+MANUFACTURER = site.MANUFACTURER
 AI_STATEMENT = "AI-generated preliminary result; not verified by a radiologist."
 
 # Coded concepts written alike to SEG, SR, HL7 (OBX-3) and FHIR (Observation.code).

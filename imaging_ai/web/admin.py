@@ -131,6 +131,7 @@ class AdminPages:
                 raise HTTPException(404, f"no study with Study Instance UID {uid}")
             findings = study_findings(s, uid, data_dir)
             deliveries = status.study_deliveries(s, uid)
+            series = status.study_series(s, uid)
             purges = status.study_purges(s, uid)
             events = status.audit_events(s, AUDIT_PAGE, target=uid)
         self.pages.audit(admin.principal.name, "view_study", uid, request)
@@ -141,6 +142,7 @@ class AdminPages:
             hit=hit,
             findings=findings,
             deliveries=deliveries,
+            series=series,
             purges=purges,
             events=events,
             can_act=self.pages.ctx.actions is not None,

@@ -17,6 +17,7 @@ from imaging_ai.db.session import utcnow
 from imaging_ai.states import DeliveryState
 from imaging_ai.web.auth import Principal
 from imaging_ai.web.context import WebContext
+from imaging_ai.web.status import study_series
 
 MAX_PAGE = 500
 
@@ -71,7 +72,10 @@ class RisApi:
             if study is None:
                 raise HTTPException(404, f"no study with Study Instance UID {uid}")
             deliveries = [delivery_json(d) for d in study_deliveries(s, study.id)]
-            return JSONResponse({**study_json(s, study), "deliveries": deliveries})
+            series = [series_json(row, n) for row, n in study_series(s, study.study_instance_uid)]
+            return JSONResponse(
+                {**study_json(s, study), "series": series, "deliveries": deliveries}
+            )
 
     def get_report(self, request: Request) -> Response:
         """The report of a study (audited)."""
@@ -152,6 +156,17 @@ def study_json(s: Session, study: Study) -> dict[str, Any]:
         "completion_reason": study.completion_reason or None,
         "error": study.error or None,
         "notes": list(job.notes) if job is not None else [],
+    }
+
+
+def series_json(series: Series, instances: int) -> dict[str, Any]:
+    """One series as radiology IT sees it: what it is, and why it is not analysed (if not)."""
+    return {
+        "series_uid": series.series_instance_uid,
+        "series_number": series.series_number,
+        "modality": series.modality,
+        "instance_count": instances,
+        "not_analysed": series.not_analysed or None,
     }
 
 

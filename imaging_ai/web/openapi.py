@@ -173,6 +173,20 @@ _STUDY = _object(
         "completion_reason": _NULLABLE_STR,
         "error": _NULLABLE_STR,
         "notes": {"type": "array", "items": _STR},
+        "series": {
+            "type": "array",
+            "description": "GET /api/v1/studies/{uid} only: each series, and why it is not "
+            "analysed (not CT, our own result, localizer...); null where it may be or was.",
+            "items": _object(
+                {
+                    "series_uid": _STR,
+                    "series_number": {"type": "integer", "nullable": True},
+                    "modality": _STR,
+                    "instance_count": _INT,
+                    "not_analysed": _NULLABLE_STR,
+                }
+            ),
+        },
     },
     ("study_uid", "state"),
 )

@@ -24,6 +24,7 @@ from imaging_ai.db.models import (
     Job,
     Purge,
     Report,
+    Series,
     Study,
 )
 from imaging_ai.states import DeliveryState, JobState, StudyState
@@ -373,6 +374,19 @@ def audit_events(
     if target:
         query = query.where(AuditEvent.target == target)
     return s.scalars(query).all()
+
+
+def study_series(s: Session, uid: str) -> list[tuple[Series, int]]:
+    """A study's series with their instance counts, by series number."""
+    rows = s.execute(
+        select(Series, func.count(Instance.id))
+        .join(Study, Study.id == Series.study_id)
+        .join(Instance, Instance.series_id == Series.id, isouter=True)
+        .where(Study.study_instance_uid == uid)
+        .group_by(Series.id)
+        .order_by(Series.series_number, Series.id)
+    ).all()
+    return [(row, int(count)) for row, count in rows]
 
 
 def study_deliveries(s: Session, uid: str) -> Sequence[Delivery]:

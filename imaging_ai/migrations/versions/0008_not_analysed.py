@@ -1,0 +1,28 @@
+"""series: why a series is not analysed ("not CT: ...", "localizer", "our own result")
+
+Revision ID: 0008
+Revises: 0007
+Create Date: 2026-12-09 10:00:00.000000
+"""
+
+from collections.abc import Sequence
+
+import sqlalchemy as sa
+from alembic import op
+
+revision: str = "0008"
+down_revision: str | None = "0007"
+branch_labels: str | Sequence[str] | None = None
+depends_on: str | Sequence[str] | None = None
+
+
+def upgrade() -> None:
+    with op.batch_alter_table("series", schema=None) as batch_op:
+        batch_op.add_column(
+            sa.Column("not_analysed", sa.String(200), nullable=False, server_default="")
+        )
+
+
+def downgrade() -> None:
+    with op.batch_alter_table("series", schema=None) as batch_op:
+        batch_op.drop_column("not_analysed")
