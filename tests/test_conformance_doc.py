@@ -152,10 +152,11 @@ def test_the_association_answer_negotiates_nothing_but_what_is_documented() -> N
     assert f"| Implementation Class UID | {uid} |" in DOCUMENT.read_text()
 
 
-def test_the_scp_chooses_its_own_preferred_syntax_not_the_requestor_s_first() -> None:
+def test_the_scp_takes_the_requestor_s_first_syntax_it_decodes() -> None:
+    # Issue 20: the sender's choice wins when it is one we decode (JPEG-LS lossless here).
     answer = _accepted(
         _request(syntaxes=[JPEGLSLossless, ImplicitVRLittleEndian, ExplicitVRLittleEndian])
     )
     (context,) = answer.presentation_context_definition_results_list
     assert context.result == 0x00
-    assert context.transfer_syntax == [ExplicitVRLittleEndian]
+    assert context.transfer_syntax == [JPEGLSLossless]
