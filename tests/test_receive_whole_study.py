@@ -162,3 +162,23 @@ def test_the_analysed_series_and_why_the_others_are_not(tmp_path: Path) -> None:
         uid("mr"): "not CT: MR 1.2.840.10008.5.1.4.1.1.4",
         thick_uid: "too few images for a volume",
     }
+
+
+def test_migration_0008_goes_down_and_up_again(engine: Engine, tmp_path: Path) -> None:
+    """On SQLite and PostgreSQL, with rows in series and instances (their foreign key)."""
+    from alembic import command
+    from sqlalchemy import inspect
+
+    from imaging_ai.db.session import alembic_config
+    from tests.test_retention import node_spool, seed_study
+
+    seed_study(engine, node_spool(tmp_path / "spool"), 1)
+    with Session(engine) as s, s.begin():
+        s.scalars(select(Series)).one().not_analysed = "localizer"
+    config = alembic_config(engine)
+    command.downgrade(config, "0007")
+    assert "not_analysed" not in {c["name"] for c in inspect(engine).get_columns("series")}
+    command.upgrade(config, "head")
+    with Session(engine) as s:
+        assert s.scalars(select(Series)).one().not_analysed == ""  # may be analysed again
+        assert s.scalars(select(Instance)).all() != []

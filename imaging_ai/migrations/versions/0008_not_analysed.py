@@ -24,5 +24,6 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
-    with op.batch_alter_table("series", schema=None) as batch_op:
-        batch_op.drop_column("not_analysed")
+    # Not a batch: on SQLite that copies and drops the table, which the instances' foreign
+    # key refuses while rows exist. ALTER TABLE ... DROP COLUMN (SQLite 3.35+) drops it in place.
+    op.drop_column("series", "not_analysed")
