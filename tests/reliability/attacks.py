@@ -408,12 +408,14 @@ def _short_pixels() -> Dataset:
 
 
 def mr_context(target: Target) -> Verdict:
-    """MR Image Storage is not offered: the context is refused, nothing stored."""
+    """MR Image Storage, offered as every Storage SOP class is (issue 20: a PACS pushes whole
+    studies): stored with Success and kept "not analysed"; the good study after it must still
+    complete (`_attack_then_study`)."""
     ds = ct_dataset(generate_uid(), generate_uid(), 0)
     ds.SOPClassUID = ds.file_meta.MediaStorageSOPClassUID = MRImageStorage
     ds.Modality = "MR"
     status = store(target, ds, contexts=(MRImageStorage,))
-    return Verdict(status in (-1, -2), "no context accepted" if status < 0 else f"0x{status:04x}")
+    return Verdict(status == 0x0000, "no context accepted" if status < 0 else f"0x{status:04x}")
 
 
 def bad_transfer_syntax(target: Target) -> Verdict:
