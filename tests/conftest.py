@@ -19,6 +19,7 @@ from sqlalchemy import Engine, create_engine, text
 
 from imaging_ai.config import Config, load_config
 from imaging_ai.db.session import make_engine, upgrade
+from imaging_ai.receive import Receiver
 from tests import phi_scan
 
 PG_BIN_GLOB = "/usr/lib/postgresql/*/bin"
@@ -119,6 +120,26 @@ def engine(db_url: str) -> Iterator[Engine]:
     upgrade(eng)
     yield eng
     eng.dispose()
+
+
+@pytest.fixture
+def sqlite_engine(tmp_path: Path) -> Iterator[Engine]:
+    """A migrated SQLite database of the test's own."""
+    engine = make_engine(f"sqlite:///{tmp_path / 'db.sqlite3'}")
+    upgrade(engine)
+    yield engine
+    engine.dispose()
+
+
+@pytest.fixture
+def receiver(sqlite_engine: Engine, tmp_path: Path) -> Iterator[Receiver]:
+    """A DICOM receiver on a free loopback port, over ``sqlite_engine`` and a spool in
+    ``tmp_path`` (`tests.test_receive.start_receiver`)."""
+    from tests.test_receive import start_receiver
+
+    r = start_receiver(sqlite_engine, tmp_path)
+    yield r
+    r.stop()
 
 
 def wait_until(predicate: object, timeout_s: float = 20.0, interval_s: float = 0.05) -> None:

@@ -8,7 +8,6 @@ presentation context. Nothing of a refused instance may be kept, and the associa
 from __future__ import annotations
 
 import struct
-from collections.abc import Iterator
 from pathlib import Path
 
 import pydicom
@@ -29,29 +28,13 @@ from sqlalchemy import Engine, select
 from sqlalchemy.orm import Session
 
 from imaging_ai.db.models import Instance
-from imaging_ai.db.session import make_engine, upgrade
 from imaging_ai.receive import Receiver
 from tests.dicom_factory import ct_dataset
-from tests.test_receive import CALLED, start_receiver
+from tests.test_receive import CALLED
 
 SYNTAXES = (ImplicitVRLittleEndian, ExplicitVRLittleEndian, ExplicitVRBigEndian)
 PIXEL_DATA_TAG = (0x7FE0, 0x0010)
 SERIES_UID_TAG = (0x0020, 0x000E)
-
-
-@pytest.fixture
-def sqlite_engine(tmp_path: Path) -> Iterator[Engine]:
-    engine = make_engine(f"sqlite:///{tmp_path / 'db.sqlite3'}")
-    upgrade(engine)
-    yield engine
-    engine.dispose()
-
-
-@pytest.fixture
-def receiver(sqlite_engine: Engine, tmp_path: Path) -> Iterator[Receiver]:
-    r = start_receiver(sqlite_engine, tmp_path)
-    yield r
-    r.stop()
 
 
 @pytest.fixture(autouse=True)

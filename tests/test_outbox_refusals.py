@@ -10,7 +10,6 @@ import shutil
 import socket
 import subprocess
 import time
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -109,16 +108,6 @@ def state_of(engine: Engine, study_id: int) -> StudyState:
         study = s.get(Study, study_id)
         assert study is not None
         return study.state
-
-
-@pytest.fixture
-def sqlite_engine(tmp_path: Path) -> Iterator[Engine]:
-    from imaging_ai.db.session import make_engine, upgrade
-
-    engine = make_engine(f"sqlite:///{tmp_path / 'db.sqlite3'}")
-    upgrade(engine)
-    yield engine
-    engine.dispose()
 
 
 def fake_send(outcomes: dict[str, Outcome], calls: list[list[str]]) -> object:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 
 import pydicom
@@ -24,7 +23,6 @@ from sqlalchemy.orm import Session
 from imaging_ai.catalog import Catalog
 from imaging_ai.config import AllowedCaller, DicomConfig
 from imaging_ai.db.models import Instance, Study
-from imaging_ai.db.session import make_engine, upgrade
 from imaging_ai.dicom.association import Peer
 from imaging_ai.receive import Receiver
 from imaging_ai.receive_contexts import accepted_transfer_syntaxes
@@ -32,14 +30,6 @@ from imaging_ai.spool import Spool
 from tests.dicom_factory import ct_series
 
 CALLED = "IMAGING_AI"
-
-
-@pytest.fixture
-def sqlite_engine(tmp_path: Path) -> Iterator[Engine]:
-    engine = make_engine(f"sqlite:///{tmp_path / 'db.sqlite3'}")
-    upgrade(engine)
-    yield engine
-    engine.dispose()
 
 
 def start_receiver(
@@ -62,13 +52,6 @@ def start_receiver(
     receiver = Receiver(config, spool, Catalog(engine, spool), ("RequestedProcedurePriority",))
     receiver.start()
     return receiver
-
-
-@pytest.fixture
-def receiver(sqlite_engine: Engine, tmp_path: Path) -> Iterator[Receiver]:
-    r = start_receiver(sqlite_engine, tmp_path)
-    yield r
-    r.stop()
 
 
 def associate(

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import io
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -22,31 +21,15 @@ from sqlalchemy import Engine, select
 from sqlalchemy.orm import Session
 
 from imaging_ai.db.models import Instance
-from imaging_ai.db.session import make_engine, upgrade
 from imaging_ai.dicom import dul, part10
 from imaging_ai.dicom.association import Peer
 from imaging_ai.errors import OutOfResources
 from imaging_ai.receive import Receiver
 from imaging_ai.receive_incoming import HEAD_BYTES, read_header
 from tests.dicom_factory import ct_series
-from tests.test_receive import CALLED, start_receiver
+from tests.test_receive import CALLED
 
 PEER = Peer("PACS", CALLED, "127.0.0.1")
-
-
-@pytest.fixture
-def sqlite_engine(tmp_path: Path) -> Iterator[Engine]:
-    engine = make_engine(f"sqlite:///{tmp_path / 'db.sqlite3'}")
-    upgrade(engine)
-    yield engine
-    engine.dispose()
-
-
-@pytest.fixture
-def receiver(sqlite_engine: Engine, tmp_path: Path) -> Iterator[Receiver]:
-    r = start_receiver(sqlite_engine, tmp_path)
-    yield r
-    r.stop()
 
 
 def encoded(ds: pydicom.Dataset, syntax: str = ExplicitVRLittleEndian) -> bytes:

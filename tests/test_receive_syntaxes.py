@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -34,27 +33,10 @@ from imaging_ai.receive import Receiver
 from imaging_ai.receive_contexts import accepted_transfer_syntaxes
 from imaging_ai.volume import load_series
 from tests.dicom_factory import ct_series
-from tests.test_receive import CALLED, start_receiver
+from tests.test_receive import CALLED
 
 pytestmark = pytest.mark.skipif(shutil.which("storescu") is None, reason="needs DCMTK")
 SLICES = 3
-
-
-@pytest.fixture
-def receiver(sqlite_engine: Engine, tmp_path: Path) -> Iterator[Receiver]:
-    r = start_receiver(sqlite_engine, tmp_path)
-    yield r
-    r.stop()
-
-
-@pytest.fixture
-def sqlite_engine(tmp_path: Path) -> Iterator[Engine]:
-    from imaging_ai.db.session import make_engine, upgrade
-
-    engine = make_engine(f"sqlite:///{tmp_path / 'db.sqlite3'}")
-    upgrade(engine)
-    yield engine
-    engine.dispose()
 
 
 def _dcmtk(tool: list[str]) -> object:

@@ -4,12 +4,10 @@ analysed (a localizer, not axial, another series chosen)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import pydicom
-import pytest
 from pydicom.dataset import Dataset, FileMetaDataset
 from pydicom.uid import ExplicitVRLittleEndian, SegmentationStorage, generate_uid
 from pynetdicom import AE, StoragePresentationContexts
@@ -18,28 +16,12 @@ from sqlalchemy.orm import Session
 
 from imaging_ai.config import DicomConfig
 from imaging_ai.db.models import Instance, Series
-from imaging_ai.db.session import make_engine, upgrade
 from imaging_ai.dicom.dataset_head import needed_bytes
 from imaging_ai.receive import Receiver
 from imaging_ai.site import MANUFACTURER
 from imaging_ai.volume import choose_series, group_series
 from tests.dicom_factory import ct_series, dose_sr, localizer
 from tests.test_receive import CALLED, start_receiver
-
-
-@pytest.fixture
-def sqlite_engine(tmp_path: Path) -> Iterator[Engine]:
-    engine = make_engine(f"sqlite:///{tmp_path / 'db.sqlite3'}")
-    upgrade(engine)
-    yield engine
-    engine.dispose()
-
-
-@pytest.fixture
-def receiver(sqlite_engine: Engine, tmp_path: Path) -> Iterator[Receiver]:
-    r = start_receiver(sqlite_engine, tmp_path)
-    yield r
-    r.stop()
 
 
 def our_seg(path: Path, of: Dataset, frames: int = 3) -> Path:

@@ -7,7 +7,6 @@ patient's study (the victim one instance short) and the victim's file was orphan
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -19,7 +18,6 @@ from sqlalchemy.orm import Session
 
 from imaging_ai.catalog import Catalog, InstanceMeta
 from imaging_ai.db.models import Instance, Series, Study
-from imaging_ai.db.session import make_engine, upgrade
 from imaging_ai.errors import DuplicateSOPInstance
 from imaging_ai.receive import Receiver
 from imaging_ai.receive_store import STATUS_DUPLICATE_SOP_INSTANCE
@@ -29,14 +27,6 @@ from tests.test_receive import associate, start_receiver
 
 CT = "1.2.840.10008.5.1.4.1.1.2"
 SYNTAX = "1.2.840.10008.1.2.1"
-
-
-@pytest.fixture
-def sqlite_engine(tmp_path: Path) -> Iterator[Engine]:
-    engine = make_engine(f"sqlite:///{tmp_path / 'db.sqlite3'}")
-    upgrade(engine)
-    yield engine
-    engine.dispose()
 
 
 def _meta(study: str, series: str, sop: str) -> InstanceMeta:
