@@ -23,7 +23,6 @@ from typing import Annotated, Any, Literal
 from pydantic import (
     AfterValidator,
     BeforeValidator,
-    ConfigDict,
     Field,
     PlainValidator,
     StrictBool,
@@ -38,6 +37,7 @@ from pydicom.datadict import keyword_dict
 
 from imaging_ai.errors import ConfigError
 from imaging_ai.receive_contexts import ANALYSED_SOP_CLASSES, storage_sop_classes
+from imaging_ai.schema import BOUNDS, TABLE
 
 ENV_PREFIX = "IMAGING_AI_"
 PRIORITY_CLASSES = ("urgent", "inpatient", "outpatient")
@@ -49,7 +49,6 @@ PacsResult = Literal["seg", "sr"]
 PACS_RESULTS: tuple[PacsResult, ...] = ("seg", "sr")
 SR_CLASSES = ("comprehensive3d", "comprehensive")
 # Every table of the file: unknown keys are refused, not ignored.
-_TABLE = ConfigDict(extra="forbid")
 
 
 class Secret(str):
@@ -103,7 +102,7 @@ Seconds = Annotated[StrictFloat, Field(gt=0)]
 class AllowedCaller:
     """One peer allowed to associate: its AE title and the host it connects from."""
 
-    __pydantic_config__ = _TABLE
+    __pydantic_config__ = TABLE
 
     ae_title: StrictStr
     host: StrictStr = "127.0.0.1"
@@ -113,7 +112,7 @@ class AllowedCaller:
 class DicomConfig:
     """The DICOM receiver (storage SCP)."""
 
-    __pydantic_config__ = _TABLE
+    __pydantic_config__ = TABLE
 
     ae_title: StrictStr = "IMAGING_AI"
     bind: StrictStr = "127.0.0.1"
@@ -136,7 +135,7 @@ class DicomConfig:
 class AssembleConfig:
     """When a series and a study count as complete."""
 
-    __pydantic_config__ = _TABLE
+    __pydantic_config__ = TABLE
 
     series_idle_s: Seconds = 10.0
     study_idle_s: Seconds = 20.0
@@ -152,7 +151,7 @@ class AssembleConfig:
 class PriorityRule:
     """One classification rule: a tag with given values (or merely present), or a calling AE."""
 
-    __pydantic_config__ = _TABLE
+    __pydantic_config__ = TABLE
 
     priority: Literal["urgent", "inpatient", "outpatient"]
     tag: StrictStr = ""
@@ -172,7 +171,7 @@ DEFAULT_RULES = (
 class PriorityConfig:
     """Priority classes: their SLAs (seconds from completion to results) and the rules."""
 
-    __pydantic_config__ = _TABLE
+    __pydantic_config__ = TABLE
 
     urgent_sla_s: Seconds = 60.0
     inpatient_sla_s: Seconds = 300.0
@@ -188,7 +187,7 @@ class PriorityConfig:
 class StorageConfig:
     """Where instances and the database live, the disk low-water mark, and retention."""
 
-    __pydantic_config__ = _TABLE
+    __pydantic_config__ = TABLE
 
     data_dir: StrictStr = "var"
     database_url: StrictStr = ""
@@ -221,7 +220,7 @@ class StorageConfig:
 class Token:
     """An HTTP bearer token and the role it grants."""
 
-    __pydantic_config__ = _TABLE
+    __pydantic_config__ = TABLE
 
     name: StrictStr
     token: SecretStr
@@ -232,7 +231,7 @@ class Token:
 class HttpConfig:
     """The HTTP server: RIS API, admin pages, metrics."""
 
-    __pydantic_config__ = _TABLE
+    __pydantic_config__ = TABLE
 
     bind: StrictStr = "127.0.0.1"
     port: Port = 8080
@@ -259,7 +258,7 @@ class HttpConfig:
 class PacsDestination:
     """A PACS (DICOM storage SCP) that receives our SEG and SR."""
 
-    __pydantic_config__ = _TABLE
+    __pydantic_config__ = TABLE
 
     ae_title: StrictStr
     host: StrictStr
@@ -281,7 +280,7 @@ class PacsDestination:
 class RisDestination:
     """A RIS that receives HL7 v2 ORU^R01 over MLLP."""
 
-    __pydantic_config__ = _TABLE
+    __pydantic_config__ = TABLE
 
     host: StrictStr
     port: Port
@@ -298,7 +297,7 @@ class RisDestination:
 class SiteConfig:
     """The hospital the daemon serves: its name in the results, its clock, this device."""
 
-    __pydantic_config__ = _TABLE
+    __pydantic_config__ = TABLE
 
     # InstitutionName (0008,0080) of the SEG and SR; "" copies the source images' own.
     institution: StrictStr = ""
@@ -318,7 +317,7 @@ class Hl7Config:
     (MSH-5, MSH-6) is set on its ``[[outputs.ris]]`` entry.
     """
 
-    __pydantic_config__ = _TABLE
+    __pydantic_config__ = TABLE
 
     sending_application: StrictStr = "IMAGING_AI"
     sending_facility: StrictStr = ""
@@ -330,7 +329,7 @@ class Hl7Config:
 class OutputsConfig:
     """Where results go; every delivery is retried with backoff until it succeeds."""
 
-    __pydantic_config__ = _TABLE
+    __pydantic_config__ = TABLE
 
     pacs: Annotated[tuple[PacsDestination, ...], BeforeValidator(_array)] = ()
     ris: Annotated[tuple[RisDestination, ...], BeforeValidator(_array)] = ()
@@ -367,7 +366,7 @@ IdentifierSystem = Annotated[StrictStr, AfterValidator(_identifier_system)]
 class FhirConfig:
     """The FHIR R4 API (``/fhir``): the address it gives its resources, the identifier systems."""
 
-    __pydantic_config__ = _TABLE
+    __pydantic_config__ = TABLE
 
     # The FHIR base URL as RIS reaches it (a proxy's address where there is one), e.g.
     # "https://imaging-ai.hospital.example/fhir": fullUrl = base_url/Type/id. Empty: taken from
@@ -383,7 +382,7 @@ class FhirConfig:
 class EnginesConfig:
     """Models and how to run them."""
 
-    __pydantic_config__ = _TABLE
+    __pydantic_config__ = TABLE
 
     dir: StrictStr = "engines"
     backend: StrictStr = "auto"
@@ -406,7 +405,7 @@ class EnginesConfig:
 class LoggingConfig:
     """Log level and format."""
 
-    __pydantic_config__ = _TABLE
+    __pydantic_config__ = TABLE
 
     level: StrictStr = "INFO"
     # "text" (one readable line per record) or "json" (one JSON object per line).
@@ -417,7 +416,7 @@ class LoggingConfig:
 class Config:
     """The whole configuration, read once at start and passed down explicitly."""
 
-    __pydantic_config__ = _TABLE
+    __pydantic_config__ = TABLE
 
     dicom: DicomConfig = field(default_factory=DicomConfig)
     assemble: AssembleConfig = field(default_factory=AssembleConfig)
@@ -504,12 +503,6 @@ _EXPECTED = {
     "list_type": "an array",
     "dataclass_type": "a table",
 }
-_BOUNDS = {
-    "greater_than": ">",
-    "greater_than_equal": ">=",
-    "less_than": "<",
-    "less_than_equal": "<=",
-}
 
 
 def _describe(error: ErrorDetails) -> str:
@@ -525,15 +518,13 @@ def _describe(error: ErrorDetails) -> str:
         return f"[{key}] must be a table, got {value!r}"
     if kind in _EXPECTED:
         return f"{key} must be {_EXPECTED[kind]}, got {value!r}"
-    if kind in _BOUNDS:
+    if kind in BOUNDS:
         bound = next(iter(ctx.values()))
-        return f"{key} must be {_BOUNDS[kind]} {bound:g}, got {value!r}"
+        return f"{key} must be {BOUNDS[kind]} {bound:g}, got {value!r}"
     if kind == "value_error":  # a validator of ours: its message says what the value must be
         return f"{key} {ctx['error']}, got {value!r}"
     if kind == "literal_error":
         return f"{key} must be one of {ctx['expected']}, got {value!r}"
-    if kind == "value_error":
-        return f"{key} {ctx['error']}, got {value!r}"
     return f"{key}: {error['msg'].lower()}, got {value!r}"
 
 

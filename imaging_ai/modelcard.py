@@ -26,7 +26,6 @@ from types import MappingProxyType
 from typing import Annotated, Any, Literal, NoReturn, get_args, get_type_hints
 
 from pydantic import (
-    ConfigDict,
     Field,
     PlainValidator,
     StrictBool,
@@ -40,6 +39,7 @@ from pydantic_core import ErrorDetails
 
 from imaging_ai.errors import ModelError
 from imaging_ai.preprocess import Normalise, PreprocessSpec
+from imaging_ai.schema import BOUNDS, TABLE
 
 # "classification": a candidate classifier, which decides on each candidate lesion the detector
 # proposed from a 3-D patch around it (LUNA16's false-positive reduction stage).
@@ -52,7 +52,6 @@ ONNX_FILE = "model.onnx"
 _NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}$")
 # Every table of a card: unknown keys are refused, so a misspelt `threshhold` cannot silently
 # fall back to a default.
-_TABLE = ConfigDict(extra="forbid")
 
 
 def _quality_value(value: Any) -> QualityValue:
@@ -70,7 +69,7 @@ Quality = Annotated[QualityValue, PlainValidator(_quality_value)]
 class CodedConcept:
     """A coded concept as DICOM writes it: (code value, coding scheme designator, meaning)."""
 
-    __pydantic_config__ = _TABLE
+    __pydantic_config__ = TABLE
 
     code: Text
     scheme: Text
@@ -104,7 +103,7 @@ class PatchSpec:
     input channel, each channel the same candidate at its own scale (field of view = patch size
     times spacing), centred on the candidate."""
 
-    __pydantic_config__ = _TABLE
+    __pydantic_config__ = TABLE
 
     spacing_mm: tuple[Annotated[StrictFloat, Field(gt=0.0)], ...]
 
@@ -113,7 +112,7 @@ class PatchSpec:
 class OutputSpec:
     """The output tensor the pipeline reads: name, activation kind and channel count."""
 
-    __pydantic_config__ = _TABLE
+    __pydantic_config__ = TABLE
 
     name: Text
     kind: OutputKind
@@ -124,7 +123,7 @@ class OutputSpec:
 class Label:
     """One output class: its segment number, output channel, codes and threshold."""
 
-    __pydantic_config__ = _TABLE
+    __pydantic_config__ = TABLE
 
     value: Annotated[StrictInt, Field(ge=1)]
     channel: Annotated[StrictInt, Field(ge=0)]
@@ -140,7 +139,7 @@ class Label:
 class Provenance:
     """Where the training data came from, and whether the project ships this model."""
 
-    __pydantic_config__ = _TABLE
+    __pydantic_config__ = TABLE
 
     training_data: Text
     shipped: StrictBool = False
@@ -188,7 +187,7 @@ class _Input:
     """``[input]`` as written: ``size`` is [height, width], or [depth, height, width] for a
     classifier's patches; ``layout`` left out is the task's own."""
 
-    __pydantic_config__ = _TABLE
+    __pydantic_config__ = TABLE
 
     name: Text
     size: tuple[Annotated[StrictInt, Field(gt=0)], ...]
@@ -205,7 +204,7 @@ class _Preprocess:
     input size and context come from ``[input]``. A card denoises with none, gaussian or
     median."""
 
-    __pydantic_config__ = _TABLE
+    __pydantic_config__ = TABLE
 
     window_center: StrictFloat
     window_width: Annotated[StrictFloat, Field(gt=0.0)]
@@ -218,7 +217,7 @@ class _Preprocess:
 class _Card:
     """A ``model.toml`` as written, its types and ranges checked; ``_build`` does the rest."""
 
-    __pydantic_config__ = _TABLE
+    __pydantic_config__ = TABLE
 
     name: Text
     version: Text
@@ -318,12 +317,6 @@ _EXPECTED = {
     "dict_type": "expected a table",
     "dataclass_type": "expected a table",
 }
-_BOUNDS = {
-    "greater_than": ">",
-    "greater_than_equal": ">=",
-    "less_than": "<",
-    "less_than_equal": "<=",
-}
 
 
 def _describe(error: ErrorDetails) -> str:
@@ -334,10 +327,10 @@ def _describe(error: ErrorDetails) -> str:
         return f"{_key(loc)} is missing"
     if kind == "unexpected_keyword_argument":
         why = f"unknown key; expected one of {', '.join(_keys_of(loc[:-1]))}"
-    elif kind in _BOUNDS:
+    elif kind in BOUNDS:
         bound = next(iter(ctx.values()))
         number = "an integer" if isinstance(bound, int) else "a number"
-        why = f"expected {number} {_BOUNDS[kind]} {bound:g}"
+        why = f"expected {number} {BOUNDS[kind]} {bound:g}"
     elif kind == "literal_error":
         why = f"expected one of {ctx['expected']}"
     elif kind == "value_error":
